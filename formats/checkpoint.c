@@ -1,0 +1,143 @@
+/* Format detection and dispatch to the reader and view builder. */
+#include "formats/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/zarr.h"
+
+#define RS_METADATA_MAX_BYTES (1u << 20)
+
+const char *rs_format_name(rs_format f)
+{
+	switch (f) {
+	case RS_FORMAT_ZARR:
+		return "zarr";
+	}
+	return "unknown";
+}
+
+/* Reads metadata.json and decides the format (FORMATS.md §1). */
+static int detect_format(rs_checkpoint *ck, rs_diag *d)
+{
+	int fd = rs_open_beneath(rs_sources_root_fd(ck->sources),
+				 "metadata.json", O_RDONLY);
+	char buf[4096];
+	char *text = NULL;
+	struct stat st;
+	cJSON *root = NULL;
+	const cJSON *backend;
+	int err = -EINVAL;
+
+	if (fd < 0) {
+		rs_diag_add(d, "%s: not a Megatron dist checkpoint (no readable metadata.json)",
+			    ck->root_path);
+		return -EINVAL;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    st.st_size > RS_METADATA_MAX_BYTES) {
+		rs_diag_add(d, "%s/metadata.json: not a regular file of at most %u bytes",
+			    ck->root_path, RS_METADATA_MAX_BYTES);
+		goto out;
+	}
+	text = st.st_size < (off_t)sizeof(buf) ? buf : malloc((size_t)st.st_size);
+	if (!text) {
+		err = -ENOMEM;
+		goto out;
+	}
+	if (pread(fd, text, (size_t)st.st_size, 0) != st.st_size) {
+		rs_diag_add(d, "%s/metadata.json: short read", ck->root_path);
+		goto out_text;
+	}
+	root = cJSON_ParseWithLength(text, (size_t)st.st_size);
+	backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");
+	if (!cJSON_IsObject(root) || !cJSON_IsString(backend)) {
+		rs_diag_add(d, "%s/metadata.json: not a JSON object with a \"sharded_backend\" string",
+			    ck->root_path);
+		goto out_json;
+	}
+	if (strcmp(backend->valuestring, "zarr") == 0) {
+		ck->format = RS_FORMAT_ZARR;
+		err = 0;
+	} else {
+		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (zarr is)",
+			    ck->root_path, backend->valuestring);
+	}
+out_json:
+	cJSON_Delete(root);
+out_text:
+	if (text != buf)
+		free(text);
+out:
+	close(fd);
+	return err;
+}
+
+int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d)
+{
+	struct stat st;
+	size_t n;
+	int err;
+
+	memset(ck, 0, sizeof(*ck));
+	rs_catalog_init(&ck->catalog);
+	ck->root_path = strdup(root);
+	if (!ck->root_path)
+		return -ENOMEM;
+	n = strlen(ck->root_path);
+	while (n > 1 && ck->root_path[n - 1] == '/')
+		ck->root_path[--n] = 0;
+	if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		rs_diag_add(d, "%s: not a directory (a checkpoint is a directory)",
+			    ck->root_path);
+		err = -EINVAL;
+		goto fail;
+	}
+	ck->root_mtime = st.st_mtim;
+	err = rs_sources_open(&ck->sources, root);
+	if (err) {
+		rs_diag_add(d, "%s: cannot open: %s", ck->root_path,
+			    strerror(-err));
+		err = -EINVAL;
+		goto fail;
+	}
+	err = detect_format(ck, d);
+	if (err)
+		goto fail;
+	err = rs_zarr_read(ck, d);
+	if (err)
+		goto fail;
+	return 0;
+fail:
+	rs_checkpoint_close(ck);
+	return err;
+}
+
+void rs_checkpoint_close(rs_checkpoint *ck)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		free(ck->entries[i].name);
+	free(ck->entries);
+	for (size_t i = 0; i < ck->narrays; i++)
+		free(ck->arrays[i].zarray_text);
+	free(ck->arrays);
+	rs_catalog_free(&ck->catalog);
+	rs_sources_free(ck->sources);
+	free(ck->root_path);
+	memset(ck, 0, sizeof(*ck));
+}
+
+int rs_checkpoint_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			     rs_vtree *t, rs_diag *d)
+{
+	int err = rs_vtree_init(t, ck->root_mtime);
+
+	if (!err)
+		err = rs_zarr_build_view(ck, l, t, d);
+	return err;
+}

@@ -1,0 +1,74 @@
+/* checkpoint: a parsed SOURCE, whatever its format, and the view of it.
+ *
+ * rs_checkpoint_open recognises the format (FORMATS.md §1: a Megatron dist
+ * checkpoint has metadata.json naming its backend), parses all metadata
+ * (never tensor data), and fills a catalog, the table of source files, and
+ * the list of entries passed through unchanged.  rs_checkpoint_build_view
+ * turns it plus a resolved layout into the virtual tree.
+ *
+ * Errors: every problem found is reported to the diag list as one line
+ * naming the file (or tensor) and what is wrong; the functions then return
+ * -EINVAL.  Other negative errnos are resource failures.
+ * Ownership: the checkpoint owns everything it points to.
+ */
+#ifndef RS_CHECKPOINT_H
+#define RS_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "planner/catalog.h"
+#include "planner/diag.h"
+#include "planner/layout.h"
+#include "planner/source.h"
+#include "planner/vtree.h"
+
+typedef enum {
+	RS_FORMAT_ZARR = 1,
+} rs_format;
+
+/* A file or directory copied into the view unchanged.  `parent` is the
+ * index of the enclosing passthrough directory, or -1 for SOURCE itself;
+ * directories come before their contents. */
+typedef struct {
+	char *name;
+	long parent;
+	bool is_dir;
+	uint32_t source;        /* files: index in the source table */
+	struct timespec mtime;
+} rs_entry;
+
+/* A zarr array: a directory with a .zarray, chunk files and perhaps other
+ * files (listed as entries whose parent is `dir_entry`). */
+typedef struct {
+	size_t tensor;          /* index in the catalog */
+	long dir_entry;         /* its directory in the entry list */
+	uint32_t zarray_source;
+	char *zarray_text;
+	size_t zarray_len;
+} rs_zarr_array;
+
+typedef struct {
+	rs_format format;
+	char *root_path;
+	struct timespec root_mtime;
+	rs_catalog catalog;
+	rs_sources *sources;
+	rs_entry *entries;
+	size_t nentries, cap_entries;
+	rs_zarr_array *arrays;
+	size_t narrays, cap_arrays;
+} rs_checkpoint;
+
+int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d);
+void rs_checkpoint_close(rs_checkpoint *ck);
+
+int rs_checkpoint_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			     rs_vtree *t, rs_diag *d);
+
+/* Name of the format, for logs and stats. */
+const char *rs_format_name(rs_format f);
+
+#endif

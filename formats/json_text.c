@@ -1,0 +1,221 @@
+#include "formats/json_text.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t skip_ws(const char *s, size_t i, size_t len)
+{
+	while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' ||
+			   s[i] == '\r'))
+		i++;
+	return i;
+}
+
+/* Index just past the string starting at s[i] == '"', or len on error. */
+static size_t skip_string(const char *s, size_t i, size_t len)
+{
+	for (i++; i < len; i++) {
+		if (s[i] == '\\')
+			i++;
+		else if (s[i] == '"')
+			return i + 1;
+	}
+	return len;
+}
+
+/* Index just past the value starting at s[i]. */
+static size_t skip_value(const char *s, size_t i, size_t len)
+{
+	int depth = 0;
+
+	if (i < len && s[i] == '"')
+		return skip_string(s, i, len);
+	for (; i < len; i++) {
+		char c = s[i];
+
+		if (c == '"') {
+			i = skip_string(s, i, len) - 1;
+		} else if (c == '[' || c == '{') {
+			depth++;
+		} else if (c == ']' || c == '}') {
+			if (depth == 0)
+				return i;
+			if (--depth == 0)
+				return i + 1;
+		} else if (depth == 0 && (c == ',' || c == ' ' || c == '\n' ||
+					  c == '\t' || c == '\r')) {
+			return i;
+		}
+	}
+	return len;
+}
+
+int rs_json_value_span(const char *s, size_t len, const char *key,
+		       size_t *start, size_t *end)
+{
+	size_t klen = strlen(key);
+	size_t i = skip_ws(s, 0, len);
+
+	if (i >= len || s[i] != '{')
+		return -EINVAL;
+	i++;
+	for (;;) {
+		size_t kstart, kend, vstart;
+
+		i = skip_ws(s, i, len);
+		if (i >= len || s[i] != '"')
+			return -ENOENT;
+		kstart = i + 1;
+		kend = skip_string(s, i, len);
+		if (kend >= len)
+			return -EINVAL;
+		i = skip_ws(s, kend, len);
+		if (i >= len || s[i] != ':')
+			return -EINVAL;
+		vstart = skip_ws(s, i + 1, len);
+		i = skip_value(s, vstart, len);
+		if (i > len || i == vstart)
+			return -EINVAL;
+		if (kend - 1 - kstart == klen &&
+		    memcmp(s + kstart, key, klen) == 0) {
+			*start = vstart;
+			*end = i;
+			return 0;
+		}
+		i = skip_ws(s, i, len);
+		if (i >= len || s[i] != ',')
+			return -ENOENT;
+		i++;
+	}
+}
+
+/* Appends to a growing buffer; returns false on allocation failure. */
+typedef struct {
+	char *buf;
+	size_t len, cap;
+} strbuf;
+
+static bool put(strbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->len + n + 1) * 2;
+		char *p = realloc(b->buf, cap);
+
+		if (!p)
+			return false;
+		b->buf = p;
+		b->cap = cap;
+	}
+	memcpy(b->buf + b->len, s, n);
+	b->len += n;
+	b->buf[b->len] = 0;
+	return true;
+}
+
+char *rs_json_format_like(const char *old, size_t old_len, const uint64_t *v,
+			  int n)
+{
+	const char *nl = memchr(old, '\n', old_len);
+	const char *item_sep = ", ", *open_ws = "", *close_ws = "";
+	size_t item_sep_len = 2, open_len = 0, close_len = 0;
+	strbuf b = { 0 };
+	bool ok = true;
+
+	if (nl) {
+		/* "[\n<indent>1,\n<indent>2\n<outdent>]" */
+		const char *first = old + 1, *last = old + old_len - 1;
+		const char *p = first;
+
+		while (p < last && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'))
+			p++;
+		open_ws = first;
+		open_len = (size_t)(p - first);
+		p = last;
+		while (p > first && (p[-1] == ' ' || p[-1] == '\t'))
+			p--;
+		if (p > first && p[-1] == '\n')
+			p--;
+		close_ws = p;
+		close_len = (size_t)(last - p);
+		item_sep = NULL;
+	} else if (old_len > 2 && !memchr(old, ' ', old_len)) {
+		item_sep = ",";
+		item_sep_len = 1;
+	}
+	ok = put(&b, "[", 1);
+	if (n > 0 && nl)
+		ok = ok && put(&b, open_ws, open_len);
+	for (int i = 0; i < n && ok; i++) {
+		char num[24];
+		int k = snprintf(num, sizeof(num), "%llu", (unsigned long long)v[i]);
+
+		if (i > 0) {
+			if (item_sep)
+				ok = put(&b, item_sep, item_sep_len);
+			else
+				ok = put(&b, ",", 1) && put(&b, open_ws, open_len);
+		}
+		ok = ok && put(&b, num, (size_t)k);
+	}
+	if (n > 0 && nl)
+		ok = ok && put(&b, close_ws, close_len);
+	ok = ok && put(&b, "]", 1);
+	if (!ok) {
+		free(b.buf);
+		return NULL;
+	}
+	return b.buf;
+}
+
+int rs_json_replace_lists(const char *text, size_t len, const char **keys,
+			  const uint64_t *const *values, const int *counts,
+			  int n, char **out, size_t *out_len)
+{
+	size_t start[8], end[8];
+	int order[8];
+	strbuf b = { 0 };
+	size_t at = 0;
+	int err;
+
+	if (n > 8)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		err = rs_json_value_span(text, len, keys[i], &start[i], &end[i]);
+		if (err)
+			return err;
+		order[i] = i;
+	}
+	/* Splice in text order. */
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && start[order[j]] < start[order[j - 1]]; j--) {
+			int tmp = order[j];
+
+			order[j] = order[j - 1];
+			order[j - 1] = tmp;
+		}
+	for (int k = 0; k < n; k++) {
+		int i = order[k];
+		char *list = rs_json_format_like(text + start[i],
+						 end[i] - start[i], values[i],
+						 counts[i]);
+
+		if (!list || !put(&b, text + at, start[i] - at) ||
+		    !put(&b, list, strlen(list))) {
+			free(list);
+			free(b.buf);
+			return -ENOMEM;
+		}
+		free(list);
+		at = end[i];
+	}
+	if (!put(&b, text + at, len - at)) {
+		free(b.buf);
+		return -ENOMEM;
+	}
+	*out = b.buf;
+	*out_len = b.len;
+	return 0;
+}

@@ -1,0 +1,34 @@
+/* json_text: edit a JSON object's text without re-serialising it.
+ *
+ * A view rewrites `.zarray` files by replacing the values of a few top-level
+ * keys ("chunks", "shape") and keeping every other byte as stored, so
+ * fields reshardfs does not know survive exactly.  The text must already
+ * have been validated as JSON (cJSON_Parse); these functions are still
+ * bounds-safe on any input.
+ */
+#ifndef RS_JSON_TEXT_H
+#define RS_JSON_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Byte span [*start, *end) of the value of top-level key `key`.
+ * Returns 0, or -ENOENT when the key is absent, -EINVAL on bad text. */
+int rs_json_value_span(const char *text, size_t len, const char *key,
+		       size_t *start, size_t *end);
+
+/* Formats an integer list the way the stored value `old` (a JSON array's
+ * text) was formatted: one item per line with the same indentation when it
+ * spanned lines (as Python's json.dumps(indent=N) writes), else inline with
+ * the same separator.  Returns a malloc'd string or NULL. */
+char *rs_json_format_like(const char *old, size_t old_len,
+			  const uint64_t *v, int n);
+
+/* Returns a malloc'd copy of `text` in which the value of each key in
+ * keys[0..n) is replaced by the matching list, formatted like the stored
+ * value.  *out_len receives the length.  -ENOENT if a key is absent. */
+int rs_json_replace_lists(const char *text, size_t len, const char **keys,
+			  const uint64_t *const *values, const int *counts,
+			  int n, char **out, size_t *out_len);
+
+#endif

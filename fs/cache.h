@@ -1,0 +1,56 @@
+/* cache: bounded, LRU, single-flight store of materialised blocks.
+ *
+ * A block is identified by (chunk id, block index) and holds `len` bytes.
+ * rs_cache_get returns a referenced block: on a hit at once; on a miss the
+ * caller's `build` callback fills a fresh buffer while every other caller
+ * asking for the same block waits for that one build (single flight).  A
+ * failed build is not cached: its waiters get the same error, and the next
+ * caller tries again.
+ *
+ * Memory: the bytes of all blocks - ready, being built and compressed -
+ * stay within `budget`, except that blocks in use (referenced) are never
+ * freed, so the cache can exceed it by the blocks readers hold at once.
+ * With `compress`, blocks leaving the hot half of the budget are kept LZ4-
+ * compressed in the cold half when that saves at least an eighth; a hit on
+ * a cold block decompresses it back.
+ *
+ * Ownership: the cache owns blocks; a caller owns one reference per
+ * successful rs_cache_get and returns it with rs_cache_release.  Data of a
+ * referenced block stays valid and unchanged until released.
+ * Thread safety: all functions may be called from any thread.
+ */
+#ifndef RS_CACHE_H
+#define RS_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct rs_cache rs_cache;
+typedef struct rs_block rs_block;
+
+/* Fills buf[0..len); returns 0 or a negative errno. */
+typedef int (*rs_block_build)(void *arg, uint8_t *buf, uint64_t len);
+
+typedef struct {
+	uint64_t hits;
+	uint64_t misses;
+	uint64_t bytes;            /* bytes held, all states */
+	uint64_t blocks;
+	uint64_t cold_blocks;      /* held compressed */
+	uint64_t evictions;
+	uint64_t budget;
+} rs_cache_stats;
+
+int rs_cache_new(rs_cache **out, uint64_t budget, bool compress);
+/* All references must have been released. */
+void rs_cache_free(rs_cache *c);
+
+int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
+		 rs_block_build build, void *arg, rs_block **out);
+const uint8_t *rs_block_data(const rs_block *b);
+uint64_t rs_block_len(const rs_block *b);
+void rs_cache_release(rs_cache *c, rs_block *b);
+
+void rs_cache_get_stats(rs_cache *c, rs_cache_stats *s);
+
+#endif

@@ -1,0 +1,126 @@
+/* Introspection: the stats file and the user.reshardfs.sources xattr. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fs/fs.h"
+
+/* xattr values are limited to 64 KiB by the kernel. */
+#define XATTR_MAX (64u << 10)
+
+char *rs_fs_stats_json(rs_fs *fs, size_t *len)
+{
+	rs_cache_stats cs;
+	char *out = NULL;
+	int n;
+
+	rs_cache_get_stats(fs->cache, &cs);
+	n = asprintf(&out,
+		     "{\n"
+		     "  \"bytes_served\": %llu,\n"
+		     "  \"source_bytes_read\": %llu,\n"
+		     "  \"reads\": %llu,\n"
+		     "  \"read_errors\": %llu,\n"
+		     "  \"cache_hits\": %llu,\n"
+		     "  \"cache_misses\": %llu,\n"
+		     "  \"cache_bytes\": %llu,\n"
+		     "  \"cache_budget\": %llu,\n"
+		     "  \"cache_blocks\": %llu,\n"
+		     "  \"cache_cold_blocks\": %llu,\n"
+		     "  \"cache_evictions\": %llu,\n"
+		     "  \"executor\": \"%s\",\n"
+		     "  \"format\": \"%s\",\n"
+		     "  \"source_tp\": %u,\n"
+		     "  \"tp\": %u,\n"
+		     "  \"pp\": %u,\n"
+		     "  \"files\": %u,\n"
+		     "  \"source_files\": %u\n"
+		     "}\n",
+		     (unsigned long long)atomic_load(&fs->bytes_served),
+		     (unsigned long long)rs_sources_bytes_read(fs->ck.sources),
+		     (unsigned long long)atomic_load(&fs->reads),
+		     (unsigned long long)atomic_load(&fs->read_errors),
+		     (unsigned long long)cs.hits, (unsigned long long)cs.misses,
+		     (unsigned long long)cs.bytes, (unsigned long long)cs.budget,
+		     (unsigned long long)cs.blocks,
+		     (unsigned long long)cs.cold_blocks,
+		     (unsigned long long)cs.evictions,
+		     rs_executor_name(fs->exec), rs_format_name(fs->ck.format),
+		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,
+		     fs->tree.count, rs_sources_count(fs->ck.sources));
+	if (n < 0)
+		return NULL;
+	*len = (size_t)n;
+	return out;
+}
+
+typedef struct {
+	char *buf;
+	size_t len, cap;
+	bool overflow;
+} text;
+
+static void put_line(text *t, const char *path, uint64_t off, uint64_t len,
+		     uint64_t count, uint64_t stride)
+{
+	char line[4200];
+	int n;
+
+	if (count > 1)
+		n = snprintf(line, sizeof(line), "%s %llu %llu x%llu stride %llu\n",
+			     path, (unsigned long long)off,
+			     (unsigned long long)len, (unsigned long long)count,
+			     (unsigned long long)stride);
+	else
+		n = snprintf(line, sizeof(line), "%s %llu %llu\n", path,
+			     (unsigned long long)off, (unsigned long long)len);
+	if (n < 0 || (size_t)n >= sizeof(line) || t->len + (size_t)n > XATTR_MAX) {
+		t->overflow = true;
+		return;
+	}
+	if (t->len + (size_t)n > t->cap) {
+		size_t cap = (t->len + (size_t)n) * 2;
+		char *g = realloc(t->buf, cap);
+
+		if (!g) {
+			t->overflow = true;
+			return;
+		}
+		t->buf = g;
+		t->cap = cap;
+	}
+	memcpy(t->buf + t->len, line, (size_t)n);
+	t->len += (size_t)n;
+}
+
+/* One line per source byte range: "path offset length", with
+ * " xCOUNT stride S" for strided rows. */
+int rs_fs_sources_xattr(rs_fs *fs, const rs_vnode *n, char **out,
+			size_t *len)
+{
+	text t = { 0 };
+
+	for (uint32_t i = 0; i < n->nsegs && !t.overflow; i++) {
+		const rs_segment *s = &n->segs[i];
+
+		if (s->kind == RS_SEG_SOURCE) {
+			put_line(&t, rs_sources_path(fs->ck.sources, s->u.source.index),
+				 s->u.source.offset, s->length, 1, 0);
+		} else if (s->kind == RS_SEG_TENSOR) {
+			const rs_plan *p = &s->u.tensor.chunk->plan;
+
+			for (size_t k = 0; k < p->count && !t.overflow; k++)
+				put_line(&t, rs_sources_path(fs->ck.sources, p->ops[k].source),
+					 p->ops[k].src_off, p->ops[k].len,
+					 p->ops[k].count, p->ops[k].src_stride);
+		}
+	}
+	if (t.overflow) {
+		free(t.buf);
+		return -E2BIG;
+	}
+	*out = t.buf;
+	*len = t.len;
+	return 0;
+}

@@ -1,0 +1,59 @@
+/* fs: the daemon's state and its FUSE lowlevel operations.
+ *
+ * This is the only layer that knows FUSE and the only place where errors
+ * become errno replies.  Inode numbers: tree index + 1 for the view; two
+ * more past the tree for the hidden control directory `.reshardfs` and its
+ * `stats` file.
+ */
+#ifndef RS_FS_H
+#define RS_FS_H
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "formats/checkpoint.h"
+#include "fs/cache.h"
+#include "fs/inodes.h"
+#include "gpu/executor.h"
+#include "planner/layout.h"
+#include "planner/vtree.h"
+
+/* Tensor segments are materialised and cached in blocks of this size. */
+#define RS_BLOCK_SIZE (4ull << 20)
+/* Largest read reply, and the request size asked of the kernel. */
+#define RS_MAX_READ (1u << 20)
+
+typedef struct {
+	rs_checkpoint ck;
+	rs_layout layout;
+	rs_vtree tree;
+	rs_inodes inodes;
+	rs_executor *exec;
+	rs_cache *cache;
+	fuse_ino_t ctl_ino, stats_ino;
+	_Atomic uint64_t bytes_served;
+	_Atomic uint64_t reads;
+	_Atomic uint64_t read_errors;
+} rs_fs;
+
+extern const struct fuse_lowlevel_ops rs_fs_ops;
+
+/* read(2) of a view file: replies with data or an error. */
+void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n, size_t size,
+		off_t off);
+
+/* Checks every source a file is built from; -ESTALE (logged) when one
+ * changed since mount. */
+int rs_fs_check_sources(rs_fs *fs, const rs_vnode *n);
+
+/* The user.reshardfs.sources xattr value of a file (malloc'd text). */
+int rs_fs_sources_xattr(rs_fs *fs, const rs_vnode *n, char **out,
+			size_t *len);
+
+/* The stats JSON document (malloc'd). */
+char *rs_fs_stats_json(rs_fs *fs, size_t *len);
+
+#endif

@@ -1,0 +1,234 @@
+/* reshardfs: mount a training checkpoint as another parallel layout.
+ *
+ *   reshardfs [options] SOURCE MOUNTPOINT
+ *
+ * Everything that can refuse the mount - options, the checkpoint's
+ * metadata, the layout - is checked before anything is mounted, so a bad
+ * source fails with its reasons on stderr and leaves no mount behind.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "fs/fs.h"
+#include "fs/log.h"
+#include "fs/options.h"
+
+static void usage(const char *prog)
+{
+	printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
+	       "Shows the checkpoint in SOURCE at MOUNTPOINT as though it had been saved\n"
+	       "under the requested parallel layout.  Read-only; computed on read.\n\n",
+	       prog);
+	rs_options_help();
+	printf("FUSE options:\n");
+	fuse_cmdline_help();
+	fuse_lowlevel_help();
+}
+
+static void print_diag(const rs_diag *d)
+{
+	size_t n = rs_diag_count(d), shown = 0;
+
+	for (const char *line; (line = rs_diag_line(d, shown)); shown++)
+		fprintf(stderr, "reshardfs: %s\n", line);
+	if (n > shown)
+		fprintf(stderr, "reshardfs: ... and %zu more problems\n", n - shown);
+}
+
+/* Catalog, layout and tree; on failure prints why. */
+static int build(rs_fs *fs, const rs_options *o, bool debug)
+{
+	rs_rules *rules = NULL;
+	rs_diag *d = rs_diag_new();
+	int err = -ENOMEM;
+
+	if (!d || rs_rules_new(&rules))
+		goto out;
+	if (o->rules && (err = rs_rules_load_json(rules, o->rules, d)))
+		goto out;
+	err = rs_checkpoint_open(o->source, &fs->ck, d);
+	if (err)
+		goto out;
+	err = rs_layout_resolve(&fs->ck.catalog, rules, &o->layout,
+				&fs->layout, d);
+	if (err)
+		goto out_ck;
+	err = rs_checkpoint_build_view(&fs->ck, &fs->layout, &fs->tree, d);
+	if (err)
+		goto out_layout;
+	err = rs_inodes_build(&fs->inodes, &fs->tree);
+	if (err)
+		goto out_tree;
+	for (size_t i = 0; i < fs->ck.catalog.count; i++)
+		if (!fs->layout.targets[i].has_rule)
+			rs_log(RS_LOG_DEBUG, "%s: no sharding rule; stored grid kept",
+			       fs->ck.catalog.tensors[i].name);
+	rs_log(RS_LOG_DEBUG, "%s: %s checkpoint, %zu tensors, source tp=%u, view tp=%u pp=%u, %u files",
+	       o->source, rs_format_name(fs->ck.format), fs->ck.catalog.count,
+	       fs->layout.src_tp, fs->layout.tp, fs->layout.pp, fs->tree.count);
+	(void)debug;
+	goto out;
+
+out_tree:
+	rs_vtree_free(&fs->tree);
+out_layout:
+	rs_layout_free(&fs->layout);
+out_ck:
+	rs_checkpoint_close(&fs->ck);
+out:
+	if (err == -ENOMEM && rs_diag_count(d) == 0)
+		fprintf(stderr, "reshardfs: out of memory\n");
+	else if (err && rs_diag_count(d) == 0)
+		fprintf(stderr, "reshardfs: %s: %s\n", o->source, strerror(-err));
+	print_diag(d);
+	rs_diag_free(d);
+	rs_rules_free(rules);
+	return err;
+}
+
+static void teardown(rs_fs *fs)
+{
+	rs_cache_free(fs->cache);
+	rs_executor_destroy(fs->exec);
+	rs_inodes_free(&fs->inodes);
+	rs_vtree_free(&fs->tree);
+	rs_layout_free(&fs->layout);
+	rs_checkpoint_close(&fs->ck);
+}
+
+/* Source files are kept open once read; allow as many as the hard limit. */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+/* fsname=SOURCE, with the commas and backslashes fuse_opt would split on
+ * escaped. */
+static int add_fsname(struct fuse_args *args, const char *source)
+{
+	size_t n = strlen(source);
+	char *opt = malloc(2 * n + 16), *p;
+	int err;
+
+	if (!opt)
+		return -1;
+	p = opt + sprintf(opt, "-ofsname=");
+	for (const char *s = source; *s; s++) {
+		if (*s == ',' || *s == '\\')
+			*p++ = '\\';
+		*p++ = *s;
+	}
+	*p = 0;
+	err = fuse_opt_add_arg(args, opt);
+	free(opt);
+	return err;
+}
+
+int main(int argc, char *argv[])
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_cmdline_opts cmd = { 0 };
+	struct fuse_loop_config *loop = NULL;
+	struct fuse_session *se = NULL;
+	rs_options o;
+	rs_fs fs = { 0 };
+	rs_diag *d = NULL;
+	int ret = 1;
+
+	if (rs_options_parse(&args, &o) != 0)
+		goto out_opts;
+	if (fuse_parse_cmdline(&args, &cmd) != 0)
+		goto out_opts;
+	if (o.show_help || cmd.show_help) {
+		usage(argv[0]);
+		ret = 0;
+		goto out_cmd;
+	}
+	if (o.show_version || cmd.show_version) {
+		printf("reshardfs version %s\nFUSE library version %s\n",
+		       RS_VERSION, fuse_pkgversion());
+		ret = 0;
+		goto out_cmd;
+	}
+	if (!o.source || !cmd.mountpoint) {
+		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n",
+			argv[0]);
+		goto out_cmd;
+	}
+	if (rs_options_validate(&o) != 0)
+		goto out_cmd;
+	rs_log_setup(cmd.debug);
+	raise_fd_limit();
+
+	if (build(&fs, &o, cmd.debug) != 0)
+		goto out_cmd;
+	d = rs_diag_new();
+	if (!d || rs_executor_create(&fs.exec, RS_EXECUTOR_CPU, 0, d) != 0 ||
+	    rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
+		fprintf(stderr, "reshardfs: cannot start the executor or the cache\n");
+		print_diag(d);
+		goto out_fs;
+	}
+	fs.ctl_ino = (fuse_ino_t)fs.tree.count + 1;
+	fs.stats_ino = (fuse_ino_t)fs.tree.count + 2;
+
+	/* Read-only in the kernel too, permission checks by mode bits, and the
+	 * source named in /proc/mounts.  Appended last so they win. */
+	if (fuse_opt_add_arg(&args, "-oro") ||
+	    fuse_opt_add_arg(&args, "-odefault_permissions") ||
+	    fuse_opt_add_arg(&args, "-osubtype=reshardfs") ||
+	    add_fsname(&args, o.source))
+		goto out_fs;
+
+	se = fuse_session_new(&args, &rs_fs_ops, sizeof(rs_fs_ops), &fs);
+	if (!se)
+		goto out_fs;
+	if (fuse_set_signal_handlers(se) != 0)
+		goto out_session;
+	if (fuse_session_mount(se, cmd.mountpoint) != 0)
+		goto out_signals;
+	if (!cmd.foreground)
+		rs_log_to_syslog();
+	fuse_daemonize(cmd.foreground);
+
+	if (cmd.singlethread) {
+		ret = fuse_session_loop(se);
+	} else {
+		loop = fuse_loop_cfg_create();
+		if (!loop) {
+			ret = 1;
+			goto out_unmount;
+		}
+		fuse_loop_cfg_set_clone_fd(loop, cmd.clone_fd);
+		fuse_loop_cfg_set_idle_threads(loop, cmd.max_idle_threads);
+		if (cmd.max_threads > 0 && cmd.max_threads <= 100000)
+			fuse_loop_cfg_set_max_threads(loop, cmd.max_threads);
+		ret = fuse_session_loop_mt(se, loop);
+		fuse_loop_cfg_destroy(loop);
+	}
+	ret = ret != 0;
+
+out_unmount:
+	fuse_session_unmount(se);
+out_signals:
+	fuse_remove_signal_handlers(se);
+out_session:
+	fuse_session_destroy(se);
+out_fs:
+	rs_diag_free(d);
+	teardown(&fs);
+out_cmd:
+	free(cmd.mountpoint);
+out_opts:
+	rs_options_free(&o);
+	fuse_opt_free_args(&args);
+	return ret;
+}

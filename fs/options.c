@@ -1,0 +1,188 @@
+#include "fs/options.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPT(t, p) { t, offsetof(rs_options, p), 1 }
+
+enum { KEY_HELP, KEY_VERSION };
+
+static const struct fuse_opt rs_opt_spec[] = {
+	OPT("tp=%s", tp_s),
+	OPT("pp=%s", pp_s),
+	OPT("src_tp=%s", src_tp_s),
+	OPT("vocab_size=%s", vocab_size_s),
+	OPT("vocab_divisor=%s", vocab_divisor_s),
+	OPT("rules=%s", rules),
+	OPT("cache_size=%s", cache_size_s),
+	OPT("cache_compress=%s", cache_compress_s),
+	FUSE_OPT_KEY("-h", KEY_HELP),
+	FUSE_OPT_KEY("--help", KEY_HELP),
+	FUSE_OPT_KEY("-V", KEY_VERSION),
+	FUSE_OPT_KEY("--version", KEY_VERSION),
+	FUSE_OPT_END
+};
+
+/* The text of every option above; keep the two in step. */
+void rs_options_help(void)
+{
+	printf("reshardfs options:\n"
+	       "    -o tp=N                target tensor parallelism (default: the source's)\n"
+	       "    -o pp=N                target pipeline parallelism, checked against the\n"
+	       "                           layer count (changes no zarr names)\n"
+	       "    -o src_tp=N            source tensor parallelism (default: inferred from\n"
+	       "                           the stored chunk grid)\n"
+	       "    -o vocab_size=N        unpadded vocabulary size; the view pads it to\n"
+	       "                           ceil(N/(vocab_divisor*tp))*vocab_divisor*tp rows\n"
+	       "    -o vocab_divisor=N     Megatron's make_vocab_size_divisible_by (default 128)\n"
+	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
+	       "    -o cache_size=SIZE     block cache budget, bytes or K/M/G (default 1G)\n"
+	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
+	       "                           none (default): keep every cached block raw\n"
+	       "\n");
+}
+
+static int opt_proc(void *data, const char *arg, int key,
+		    struct fuse_args *outargs)
+{
+	rs_options *o = data;
+
+	switch (key) {
+	case FUSE_OPT_KEY_NONOPT:
+		if (!o->source) {
+			o->source = strdup(arg);
+			return 0;
+		}
+		return 1; /* the mountpoint, for fuse_parse_cmdline */
+	case KEY_HELP:
+		o->show_help = true;
+		return 1; /* libfuse prints its part too */
+	case KEY_VERSION:
+		o->show_version = true;
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+int rs_options_parse(struct fuse_args *args, rs_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	return fuse_opt_parse(args, o, rs_opt_spec, opt_proc);
+}
+
+/* Strict decimal: digits only, no sign, no overflow. */
+static int parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int parse_count(const char *name, const char *s, uint32_t *out)
+{
+	uint64_t v;
+
+	if (!s)
+		return 0;
+	if (parse_u64(s, &v) || v == 0 || v > 1u << 20) {
+		fprintf(stderr, "reshardfs: -o %s=%s: must be an integer from 1 to %u\n",
+			name, s, 1u << 20);
+		return -1;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* "123", "64K", "512M", "2G" (powers of 1024). */
+static int parse_size(const char *s, uint64_t *out)
+{
+	char digits[32];
+	size_t n = strlen(s);
+	unsigned shift = 0;
+	uint64_t v;
+
+	if (n == 0 || n >= sizeof(digits))
+		return -EINVAL;
+	memcpy(digits, s, n + 1);
+	switch (digits[n - 1]) {
+	case 'k': case 'K': shift = 10; break;
+	case 'm': case 'M': shift = 20; break;
+	case 'g': case 'G': shift = 30; break;
+	case 't': case 'T': shift = 40; break;
+	}
+	if (shift)
+		digits[n - 1] = 0;
+	if (parse_u64(digits, &v) || (shift && v > (UINT64_MAX >> shift)))
+		return -EINVAL;
+	*out = v << shift;
+	return 0;
+}
+
+int rs_options_validate(rs_options *o)
+{
+	int bad = 0;
+	uint64_t v;
+
+	bad |= parse_count("tp", o->tp_s, &o->layout.tp);
+	bad |= parse_count("pp", o->pp_s, &o->layout.pp);
+	bad |= parse_count("src_tp", o->src_tp_s, &o->layout.src_tp);
+	bad |= parse_count("vocab_divisor", o->vocab_divisor_s,
+			   &o->layout.vocab_divisor);
+	if (o->vocab_size_s) {
+		if (parse_u64(o->vocab_size_s, &v) || v == 0 || v > (1ull << 40)) {
+			fprintf(stderr, "reshardfs: -o vocab_size=%s: must be a positive integer\n",
+				o->vocab_size_s);
+			bad = -1;
+		} else {
+			o->layout.vocab_size = v;
+		}
+	}
+	o->cache_size = RS_DEFAULT_CACHE_SIZE;
+	if (o->cache_size_s) {
+		if (parse_size(o->cache_size_s, &v) || v < (1u << 20)) {
+			fprintf(stderr, "reshardfs: -o cache_size=%s: must be a size of at least 1M (bytes, or with K, M, G, T)\n",
+				o->cache_size_s);
+			bad = -1;
+		} else {
+			o->cache_size = v;
+		}
+	}
+	if (o->cache_compress_s) {
+		if (strcmp(o->cache_compress_s, "lz4") == 0) {
+			o->cache_compress = true;
+		} else if (strcmp(o->cache_compress_s, "none") == 0) {
+			o->cache_compress = false;
+		} else {
+			fprintf(stderr, "reshardfs: -o cache_compress=%s: must be lz4 or none\n",
+				o->cache_compress_s);
+			bad = -1;
+		}
+	}
+	return bad ? -1 : 0;
+}
+
+void rs_options_free(rs_options *o)
+{
+	free(o->source);
+	free(o->rules);
+	free(o->tp_s);
+	free(o->pp_s);
+	free(o->src_tp_s);
+	free(o->vocab_size_s);
+	free(o->vocab_divisor_s);
+	free(o->cache_size_s);
+	free(o->cache_compress_s);
+	memset(o, 0, sizeof(*o));
+}

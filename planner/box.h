@@ -1,0 +1,42 @@
+/* box: axis-aligned regions of an N-d tensor, and overflow-checked sizes.
+ *
+ * A box is [off[i], off[i]+len[i]) along each of ndim axes, in global
+ * element coordinates.  Every size in reshardfs is a uint64_t computed with
+ * the checked helpers below: a checkpoint's numbers are never trusted.
+ */
+#ifndef RS_BOX_H
+#define RS_BOX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define RS_MAX_DIMS 8
+
+typedef struct {
+	int ndim;
+	uint64_t off[RS_MAX_DIMS];
+	uint64_t len[RS_MAX_DIMS];
+} rs_box;
+
+/* a*b and a+b; return false (and leave *out untouched) on overflow. */
+static inline bool rs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return !__builtin_mul_overflow(a, b, out);
+}
+
+static inline bool rs_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return !__builtin_add_overflow(a, b, out);
+}
+
+/* Product of n extents; false on overflow.  An empty product is 1. */
+bool rs_product(const uint64_t *v, int n, uint64_t *out);
+
+/* Intersection of two boxes of the same rank.  Returns false when they do
+ * not overlap (or a zero-sized axis makes the result empty). */
+bool rs_box_intersect(const rs_box *a, const rs_box *b, rs_box *out);
+
+/* C-order element strides of a dense array with the given extents. */
+void rs_c_strides(const uint64_t *extent, int ndim, uint64_t *stride);
+
+#endif

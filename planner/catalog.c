@@ -1,0 +1,112 @@
+#include "planner/catalog.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rs_catalog_init(rs_catalog *c)
+{
+	memset(c, 0, sizeof(*c));
+}
+
+void rs_catalog_free(rs_catalog *c)
+{
+	for (size_t i = 0; i < c->count; i++) {
+		free(c->tensors[i].name);
+		free(c->tensors[i].frags);
+	}
+	free(c->tensors);
+	memset(c, 0, sizeof(*c));
+}
+
+int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
+			   int ndim, const uint64_t *shape,
+			   const uint64_t *chunk, size_t *index)
+{
+	rs_tensor t = { 0 };
+	uint64_t nchunks = 1, chunk_elems, chunk_bytes;
+	int err = -ENOMEM;
+
+	if (ndim < 0 || ndim > RS_MAX_DIMS || !rs_dtype_size(dtype))
+		return -EINVAL;
+	t.dtype = dtype;
+	t.ndim = ndim;
+	t.regular = true;
+	for (int i = 0; i < ndim; i++) {
+		if (chunk[i] == 0)
+			return -EINVAL;
+		t.shape[i] = shape[i];
+		t.grid[i] = chunk[i];
+		t.grid_count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
+		if (!rs_mul_u64(nchunks, t.grid_count[i], &nchunks))
+			return -EOVERFLOW;
+	}
+	if (!rs_product(chunk, ndim, &chunk_elems) ||
+	    !rs_mul_u64(chunk_elems, rs_dtype_size(dtype), &chunk_bytes))
+		return -EOVERFLOW;
+	/* One fragment record per chunk must fit in memory comfortably. */
+	if (nchunks > (1u << 24))
+		return -E2BIG;
+
+	if (c->count == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 64;
+		rs_tensor *grown = realloc(c->tensors, cap * sizeof(*grown));
+
+		if (!grown)
+			return -ENOMEM;
+		c->tensors = grown;
+		c->cap = cap;
+	}
+	t.name = strdup(name);
+	if (!t.name)
+		goto fail;
+	t.nfrags = nchunks;
+	t.frags = calloc(nchunks ? nchunks : 1, sizeof(rs_fragment));
+	if (!t.frags)
+		goto fail_name;
+	c->tensors[c->count] = t;
+	*index = c->count++;
+	return 0;
+
+fail_name:
+	free(t.name);
+fail:
+	return err;
+}
+
+uint64_t rs_tensor_grid_index(const rs_tensor *t, const uint64_t *idx)
+{
+	uint64_t g = 0;
+
+	for (int i = 0; i < t->ndim; i++)
+		g = g * t->grid_count[i] + idx[i];
+	return g;
+}
+
+void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
+			  uint64_t offset)
+{
+	rs_fragment *f = &t->frags[rs_tensor_grid_index(t, idx)];
+
+	f->box.ndim = t->ndim;
+	for (int i = 0; i < t->ndim; i++) {
+		uint64_t off = idx[i] * t->grid[i];
+		uint64_t end = off + t->grid[i];
+
+		f->box.off[i] = off;
+		f->box.len[i] = (end > t->shape[i] ? t->shape[i] : end) - off;
+		f->stored[i] = t->grid[i];
+	}
+	f->source = source;
+	f->offset = offset;
+}
+
+uint64_t rs_tensor_chunk_bytes(const rs_tensor *t)
+{
+	uint64_t n = rs_dtype_size(t->dtype);
+
+	/* Validated not to overflow by rs_catalog_add_regular. */
+	for (int i = 0; i < t->ndim; i++)
+		n *= t->grid[i];
+	return n;
+}

@@ -1,0 +1,73 @@
+/* catalog: the logical tensors of a checkpoint and where their bytes live.
+ *
+ * A tensor has a name, a dtype, a global shape and fragments.  A fragment is
+ * a global box whose elements are stored, C order, at a byte offset in one
+ * source file, laid out with the (possibly larger) stored extents `stored`:
+ * a zarr edge chunk stores a full chunk even though only part of it is inside
+ * the tensor.  Fragments of one tensor never overlap.
+ *
+ * When the fragments form a regular grid (chunk size `grid[i]` along every
+ * axis, fragment g at linear grid index g), `regular` is set, and planning a
+ * box touches only the fragments it overlaps.
+ *
+ * Ownership: the catalog owns its tensors, their names and fragments.
+ * Functions return 0 or a negative errno.
+ */
+#ifndef RS_CATALOG_H
+#define RS_CATALOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "planner/box.h"
+#include "planner/dtype.h"
+
+typedef struct {
+	rs_box box;                     /* global region held (inside shape) */
+	uint64_t stored[RS_MAX_DIMS];   /* stored extents, >= box.len */
+	uint32_t source;                /* index into the rs_sources table */
+	uint64_t offset;                /* byte offset of element box.off */
+} rs_fragment;
+
+typedef struct {
+	char *name;
+	rs_dtype dtype;
+	int ndim;
+	uint64_t shape[RS_MAX_DIMS];
+	bool regular;
+	uint64_t grid[RS_MAX_DIMS];     /* chunk extents when regular */
+	uint64_t grid_count[RS_MAX_DIMS]; /* chunks along each axis */
+	rs_fragment *frags;
+	size_t nfrags;
+} rs_tensor;
+
+typedef struct {
+	rs_tensor *tensors;
+	size_t count;
+	size_t cap;
+} rs_catalog;
+
+void rs_catalog_init(rs_catalog *c);
+void rs_catalog_free(rs_catalog *c);
+
+/* Appends a tensor with a regular grid of `chunk` extents and room for one
+ * fragment per grid cell (fragments start zeroed; the caller fills each with
+ * rs_catalog_set_chunk).  `name` is copied.  On success *index is the new
+ * tensor's index.  -EOVERFLOW when the grid or byte sizes overflow. */
+int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
+			   int ndim, const uint64_t *shape,
+			   const uint64_t *chunk, size_t *index);
+
+/* Linear grid index of chunk coordinates `idx` (C order). */
+uint64_t rs_tensor_grid_index(const rs_tensor *t, const uint64_t *idx);
+
+/* Fills the fragment of grid cell `idx`: its box is the cell clipped to the
+ * shape, stored extents are the full chunk. */
+void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
+			  uint64_t offset);
+
+/* Bytes of one full stored chunk of a regular tensor. */
+uint64_t rs_tensor_chunk_bytes(const rs_tensor *t);
+
+#endif

@@ -1,0 +1,209 @@
+#include "planner/layout.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t rs_padded_vocab(uint64_t v, uint32_t div, uint32_t tp)
+{
+	uint64_t m = (uint64_t)div * tp, n;
+
+	if (m == 0)
+		return 0;
+	n = v / m + (v % m != 0);
+	return rs_mul_u64(n, m, &n) ? n : 0;
+}
+
+/* Number of layers from non-stacked keys "decoder.layers.<N>." (max N+1). */
+static uint64_t layers_from_names(const rs_catalog *c)
+{
+	static const char pre[] = "decoder.layers.";
+	uint64_t best = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const char *b = rs_rules_base_name(c->tensors[i].name);
+		char *end;
+		unsigned long long n;
+
+		if (strncmp(b, pre, sizeof(pre) - 1) != 0 ||
+		    !isdigit((unsigned char)b[sizeof(pre) - 1]))
+			continue;
+		n = strtoull(b + sizeof(pre) - 1, &end, 10);
+		if (*end == '.' && n + 1 > best)
+			best = n + 1;
+	}
+	return best;
+}
+
+/* First pass: rule, split axis and stored fragmentation of each tensor. */
+static int classify(const rs_catalog *c, const rs_rules *rules,
+		    rs_layout *l, uint64_t *stacked_layers, rs_diag *d)
+{
+	int err = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *t = &c->tensors[i];
+		rs_target *tg = &l->targets[i];
+		int layer_axes = 0;
+		const rs_rule *r = rs_rules_match(rules, t->name, &layer_axes);
+
+		memcpy(tg->shape, t->shape, sizeof(tg->shape));
+		memcpy(tg->chunk, t->grid, sizeof(tg->chunk));
+		tg->axis = -1;
+		tg->multiplier = 1;
+		tg->has_rule = r != NULL;
+		if (layer_axes > 0 && layer_axes <= t->ndim && t->ndim > 0 &&
+		    t->shape[0] > *stacked_layers)
+			*stacked_layers = t->shape[0];
+		if (!r || r->split == RS_SPLIT_NONE)
+			continue;
+		if (!t->regular) {
+			rs_diag_add(d, "%s: fragments do not form a regular grid; cannot reshard",
+				    t->name);
+			err = -EINVAL;
+			continue;
+		}
+		if (layer_axes + r->axis >= t->ndim) {
+			rs_diag_add(d, "%s: rule '%s' splits axis %d but the tensor has %d axes",
+				    t->name, r->match, layer_axes + r->axis,
+				    t->ndim);
+			err = -EINVAL;
+			continue;
+		}
+		tg->split = r->split;
+		tg->axis = layer_axes + r->axis;
+		if (t->shape[tg->axis] % t->grid[tg->axis] != 0) {
+			rs_diag_add(d, "%s: axis %d of size %llu is not a whole number of stored chunks of %llu",
+				    t->name, tg->axis,
+				    (unsigned long long)t->shape[tg->axis],
+				    (unsigned long long)t->grid[tg->axis]);
+			err = -EINVAL;
+		}
+	}
+	return err;
+}
+
+static uint32_t infer_src_tp(const rs_catalog *c, const rs_layout *l)
+{
+	uint64_t best = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_target *tg = &l->targets[i];
+		uint64_t f;
+
+		if (tg->axis < 0 || c->tensors[i].shape[tg->axis] == 0)
+			continue;
+		f = c->tensors[i].grid_count[tg->axis];
+		if (f && (best == 0 || f < best))
+			best = f;
+	}
+	return best && best <= UINT32_MAX ? (uint32_t)best : 1;
+}
+
+static int vocab_rows(const rs_tensor *t, const rs_target *tg,
+		      const rs_layout_opts *o, uint32_t tp, uint64_t *rows,
+		      rs_diag *d)
+{
+	uint64_t stored = t->shape[tg->axis];
+
+	if (!o->vocab_size) {
+		if (stored % tp != 0) {
+			rs_diag_add(d, "%s: stored padded vocab %llu does not divide by tp=%u; give -o vocab_size=<unpadded vocab>",
+				    t->name, (unsigned long long)stored, tp);
+			return -EINVAL;
+		}
+		*rows = stored;
+		return 0;
+	}
+	if (o->vocab_size > stored) {
+		rs_diag_add(d, "%s: vocab_size=%llu exceeds the %llu stored rows",
+			    t->name, (unsigned long long)o->vocab_size,
+			    (unsigned long long)stored);
+		return -EINVAL;
+	}
+	*rows = rs_padded_vocab(o->vocab_size, o->vocab_divisor ? o->vocab_divisor
+						 : RS_DEFAULT_VOCAB_DIVISOR, tp);
+	return *rows ? 0 : -EOVERFLOW;
+}
+
+/* Second pass: target shape and chunks of every split tensor. */
+static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
+		    rs_diag *d)
+{
+	int err = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *t = &c->tensors[i];
+		rs_target *tg = &l->targets[i];
+		uint64_t frag, parts;
+		int a = tg->axis;
+
+		if (a < 0)
+			continue;
+		frag = t->grid_count[a];
+		if (t->shape[a] == 0)
+			continue;
+		if (frag % l->src_tp != 0) {
+			rs_diag_add(d, "%s: axis %d is stored in %llu chunks, not a multiple of the source tp=%u",
+				    t->name, a, (unsigned long long)frag,
+				    l->src_tp);
+			err = -EINVAL;
+			continue;
+		}
+		tg->multiplier = (uint32_t)(frag / l->src_tp);
+		if (tg->split == RS_SPLIT_VOCAB &&
+		    vocab_rows(t, tg, o, l->tp, &tg->shape[a], d)) {
+			err = -EINVAL;
+			continue;
+		}
+		parts = (uint64_t)tg->multiplier * l->tp;
+		if (tg->shape[a] % parts != 0) {
+			rs_diag_add(d, "%s: axis %d of size %llu cannot be split evenly into %llu chunks (tp=%u x %u)",
+				    t->name, a, (unsigned long long)tg->shape[a],
+				    (unsigned long long)parts, l->tp,
+				    tg->multiplier);
+			err = -EINVAL;
+			continue;
+		}
+		tg->chunk[a] = tg->shape[a] / parts;
+		tg->changed = tg->chunk[a] != t->grid[a] ||
+			      tg->shape[a] != t->shape[a];
+	}
+	return err;
+}
+
+int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
+		      const rs_layout_opts *opts, rs_layout *out, rs_diag *d)
+{
+	uint64_t stacked = 0;
+	int err;
+
+	memset(out, 0, sizeof(*out));
+	out->targets = calloc(c->count ? c->count : 1, sizeof(rs_target));
+	if (!out->targets)
+		return -ENOMEM;
+	out->count = c->count;
+
+	err = classify(c, rules, out, &stacked, d);
+	out->src_tp = opts->src_tp ? opts->src_tp : infer_src_tp(c, out);
+	out->tp = opts->tp ? opts->tp : out->src_tp;
+	out->layers = stacked ? stacked : layers_from_names(c);
+	out->pp = opts->pp ? opts->pp : 1;
+	if (out->layers && (out->pp > out->layers || out->layers % out->pp)) {
+		rs_diag_add(d, "pp=%u: the checkpoint has %llu layers, which do not divide into %u pipeline stages",
+			    out->pp, (unsigned long long)out->layers, out->pp);
+		err = -EINVAL;
+	}
+	if (retarget(c, opts, out, d))
+		err = -EINVAL;
+	if (err)
+		rs_layout_free(out);
+	return err;
+}
+
+void rs_layout_free(rs_layout *l)
+{
+	free(l->targets);
+	memset(l, 0, sizeof(*l));
+}

@@ -1,0 +1,67 @@
+/* layout: the requested parallel layout, resolved per tensor.
+ *
+ * rs_layout_resolve decides, for every tensor of a catalog, the shape and
+ * chunk grid it has in the view (DESIGN.md §5):
+ *
+ *  - TP.  A split axis stored with fragmentation f under source TP s has
+ *    fragmentation f/s*tp in the view.  f/s is the multiplier m (2 for a
+ *    gated fc1, which stores [W; V] as 2*tp chunks).  The source TP is
+ *    `src_tp` when given, else the smallest fragmentation of any split axis.
+ *  - Vocab.  The padded size is ceil(V/(div*tp))*div*tp when vocab_size V is
+ *    given; otherwise the stored padded size, which must then divide by tp.
+ *    Rows past the stored ones read as zeros (no fragment covers them).
+ *  - PP changes no names in dist checkpoints; it is validated against the
+ *    layer count.
+ *  - Every other axis keeps its stored chunking.
+ *
+ * Any split that does not divide evenly, or any inconsistency, is reported
+ * to the diag list naming the tensor, the axis and the sizes; the function
+ * then returns -EINVAL after checking every tensor.
+ */
+#ifndef RS_LAYOUT_H
+#define RS_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "planner/catalog.h"
+#include "planner/diag.h"
+#include "planner/rules.h"
+
+#define RS_DEFAULT_VOCAB_DIVISOR 128
+
+typedef struct {
+	uint32_t tp;            /* 0: the source's own */
+	uint32_t pp;            /* 0: not given */
+	uint32_t src_tp;        /* 0: infer from the stored grid */
+	uint64_t vocab_size;    /* 0: keep the stored padded size */
+	uint32_t vocab_divisor; /* 0: RS_DEFAULT_VOCAB_DIVISOR */
+} rs_layout_opts;
+
+typedef struct {
+	bool has_rule;          /* a rule (built-in or user) matched */
+	rs_split split;
+	int axis;               /* absolute axis split by TP (-1: none) */
+	uint32_t multiplier;
+	uint64_t shape[RS_MAX_DIMS];
+	uint64_t chunk[RS_MAX_DIMS];
+	bool changed;           /* shape or chunks differ from the stored */
+} rs_target;
+
+typedef struct {
+	uint32_t src_tp;
+	uint32_t tp;
+	uint32_t pp;
+	uint64_t layers;        /* 0 when no layer count was found */
+	rs_target *targets;     /* one per catalog tensor, same order */
+	size_t count;
+} rs_layout;
+
+int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
+		      const rs_layout_opts *opts, rs_layout *out, rs_diag *d);
+void rs_layout_free(rs_layout *l);
+
+/* ceil(v / (div*tp)) * div*tp, or 0 on overflow. */
+uint64_t rs_padded_vocab(uint64_t v, uint32_t div, uint32_t tp);
+
+#endif

@@ -1,0 +1,285 @@
+#include "planner/rules.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rs_rules {
+	rs_rule *user;
+	size_t nuser;
+};
+
+/* Megatron-core GPT/Llama names (FORMATS.md §1).  Replicated tensors need no
+ * rule to be served correctly, but listing them keeps them out of the
+ * "no rule knows this array" log. */
+static const rs_rule builtin[] = {
+	{ "*self_attention.linear_qkv.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attention.linear_qkv.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*linear_proj.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*linear_fc2.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*layer_norm_weight", RS_SPLIT_NONE, 0, -1 },
+	{ "*layer_norm_bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*layernorm.weight", RS_SPLIT_NONE, 0, -1 },
+	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1 },
+};
+#define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
+
+int rs_rules_new(rs_rules **out)
+{
+	*out = calloc(1, sizeof(rs_rules));
+	return *out ? 0 : -ENOMEM;
+}
+
+void rs_rules_free(rs_rules *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->nuser; i++)
+		free(r->user[i].match);
+	free(r->user);
+	free(r);
+}
+
+bool rs_glob_match(const char *p, const char *s)
+{
+	const char *star = NULL, *resume = NULL;
+
+	while (*s) {
+		if (*p == '*') {
+			star = p++;
+			resume = s;
+		} else if (*p == *s) {
+			p++;
+			s++;
+		} else if (star) {
+			p = star + 1;
+			s = ++resume;
+		} else {
+			return false;
+		}
+	}
+	while (*p == '*')
+		p++;
+	return *p == 0;
+}
+
+static const char *strip_prefix(const char *s, const char *prefix)
+{
+	size_t n = strlen(prefix);
+
+	return strncmp(s, prefix, n) == 0 ? s + n : s;
+}
+
+const char *rs_rules_base_name(const char *key)
+{
+	static const char opt[] = "optimizer.state.";
+	const char *s = key;
+
+	if (strncmp(s, opt, sizeof(opt) - 1) == 0) {
+		const char *dot = strchr(s + sizeof(opt) - 1, '.');
+
+		if (dot)
+			s = dot + 1;
+	}
+	return strip_prefix(s, "model.");
+}
+
+static int infer_layer_axes(const char *base)
+{
+	static const char layers[] = "decoder.layers.";
+
+	if (strncmp(base, layers, sizeof(layers) - 1) != 0)
+		return 0;
+	return isdigit((unsigned char)base[sizeof(layers) - 1]) ? 0 : 1;
+}
+
+const rs_rule *rs_rules_match(const rs_rules *r, const char *key,
+			      int *layer_axes)
+{
+	const char *base = rs_rules_base_name(key);
+	const rs_rule *hit = NULL;
+
+	for (size_t i = 0; r && i < r->nuser && !hit; i++)
+		if (rs_glob_match(r->user[i].match, base))
+			hit = &r->user[i];
+	for (size_t i = 0; i < N_BUILTIN && !hit; i++)
+		if (rs_glob_match(builtin[i].match, base))
+			hit = &builtin[i];
+	*layer_axes = (hit && hit->layer_axes >= 0) ? hit->layer_axes
+						    : infer_layer_axes(base);
+	return hit;
+}
+
+static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
+		      size_t index, rs_diag *d)
+{
+	const cJSON *match = cJSON_GetObjectItemCaseSensitive(item, "match");
+	const cJSON *split = cJSON_GetObjectItemCaseSensitive(item, "split");
+	const cJSON *axis = cJSON_GetObjectItemCaseSensitive(item, "axis");
+	const cJSON *layers = cJSON_GetObjectItemCaseSensitive(item, "layer_axes");
+
+	memset(rule, 0, sizeof(*rule));
+	rule->layer_axes = -1;
+	if (!cJSON_IsObject(item) || !cJSON_IsString(match) ||
+	    !match->valuestring[0]) {
+		rs_diag_add(d, "%s: rule %zu: needs a non-empty string \"match\"",
+			    path, index);
+		return -EINVAL;
+	}
+	if (split && axis) {
+		rs_diag_add(d, "%s: rule %zu: give \"split\" or \"axis\", not both",
+			    path, index);
+		return -EINVAL;
+	}
+	if (split) {
+		const char *s = cJSON_IsString(split) ? split->valuestring : "";
+
+		if (strcmp(s, "column") == 0) {
+			rule->split = RS_SPLIT_AXIS;
+			rule->axis = 0;
+		} else if (strcmp(s, "row") == 0) {
+			rule->split = RS_SPLIT_AXIS;
+			rule->axis = 1;
+		} else if (strcmp(s, "vocab") == 0) {
+			rule->split = RS_SPLIT_VOCAB;
+		} else if (strcmp(s, "replicated") == 0) {
+			rule->split = RS_SPLIT_NONE;
+		} else {
+			rs_diag_add(d, "%s: rule %zu: \"split\" must be column, row, vocab or replicated",
+				    path, index);
+			return -EINVAL;
+		}
+	} else if (axis) {
+		if (!cJSON_IsNumber(axis) || axis->valuedouble < 0 ||
+		    axis->valuedouble >= RS_RULE_MAX_AXIS ||
+		    axis->valuedouble != (int)axis->valuedouble) {
+			rs_diag_add(d, "%s: rule %zu: \"axis\" must be an integer from 0 to %d",
+				    path, index, RS_RULE_MAX_AXIS - 1);
+			return -EINVAL;
+		}
+		rule->split = RS_SPLIT_AXIS;
+		rule->axis = (int)axis->valuedouble;
+	} else {
+		rs_diag_add(d, "%s: rule %zu: needs \"split\" or \"axis\"", path,
+			    index);
+		return -EINVAL;
+	}
+	if (layers) {
+		if (!cJSON_IsNumber(layers) || layers->valuedouble < 0 ||
+		    layers->valuedouble >= RS_RULE_MAX_AXIS ||
+		    layers->valuedouble != (int)layers->valuedouble) {
+			rs_diag_add(d, "%s: rule %zu: \"layer_axes\" must be an integer from 0 to %d",
+				    path, index, RS_RULE_MAX_AXIS - 1);
+			return -EINVAL;
+		}
+		rule->layer_axes = (int)layers->valuedouble;
+	}
+	rule->match = strdup(match->valuestring);
+	return rule->match ? 0 : -ENOMEM;
+}
+
+/* Rules files are small; anything larger is a mistake, not a rules file. */
+#define RS_RULES_MAX_BYTES (1u << 20)
+
+static char *read_small_file(const char *path, rs_diag *d)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t n;
+
+	if (!f) {
+		rs_diag_add(d, "%s: cannot open rules file: %s", path,
+			    strerror(errno));
+		return NULL;
+	}
+	buf = malloc(RS_RULES_MAX_BYTES + 1);
+	if (!buf)
+		goto out;
+	n = fread(buf, 1, RS_RULES_MAX_BYTES + 1, f);
+	if (ferror(f) || n > RS_RULES_MAX_BYTES) {
+		rs_diag_add(d, "%s: unreadable or larger than %u bytes", path,
+			    RS_RULES_MAX_BYTES);
+		free(buf);
+		buf = NULL;
+		goto out;
+	}
+	buf[n] = 0;
+out:
+	fclose(f);
+	return buf;
+}
+
+int rs_rules_load_json(rs_rules *r, const char *path, rs_diag *d)
+{
+	char *text = read_small_file(path, d);
+	cJSON *root = NULL;
+	const cJSON *list, *item;
+	rs_rule *rules = NULL;
+	size_t n = 0, i = 0;
+	int err = -EINVAL;
+
+	if (!text)
+		return -EINVAL;
+	root = cJSON_Parse(text);
+	if (!root) {
+		rs_diag_add(d, "%s: not valid JSON", path);
+		goto out_text;
+	}
+	list = cJSON_GetObjectItemCaseSensitive(root, "rules");
+	if (!cJSON_IsArray(list)) {
+		rs_diag_add(d, "%s: needs a top-level object with a \"rules\" array",
+			    path);
+		goto out_json;
+	}
+	n = (size_t)cJSON_GetArraySize(list);
+	rules = calloc(n ? n : 1, sizeof(*rules));
+	if (!rules) {
+		err = -ENOMEM;
+		goto out_json;
+	}
+	cJSON_ArrayForEach(item, list) {
+		err = parse_rule(item, &rules[i], path, i, d);
+		if (err)
+			goto out_rules;
+		i++;
+	}
+	/* Later files go in front: the last -o rules= wins, like any option. */
+	{
+		rs_rule *all = malloc((n + r->nuser + 1) * sizeof(*all));
+
+		if (!all) {
+			err = -ENOMEM;
+			goto out_rules;
+		}
+		memcpy(all, rules, n * sizeof(*all));
+		if (r->nuser)
+			memcpy(all + n, r->user, r->nuser * sizeof(*all));
+		free(r->user);
+		r->user = all;
+		r->nuser += n;
+		free(rules);
+		rules = NULL;
+		i = 0;
+	}
+	err = 0;
+out_rules:
+	for (size_t k = 0; k < i; k++)
+		free(rules[k].match);
+	free(rules);
+out_json:
+	cJSON_Delete(root);
+out_text:
+	free(text);
+	return err;
+}

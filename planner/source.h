@@ -1,0 +1,70 @@
+/* source: the table of files under SOURCE that a view reads from.
+ *
+ * Each file is recorded at mount time with its identity (device, inode,
+ * size, mtime).  It is opened lazily, beneath the SOURCE directory only
+ * (openat2 RESOLVE_BENEATH: no `..`, no symlink leaving SOURCE), and kept
+ * open.  rs_sources_check compares the file at its path with the recorded
+ * identity before any byte built from it is served: a file that was
+ * truncated, rewritten or replaced gives -ESTALE, never stale bytes.
+ *
+ * Thread safety: rs_sources_add is for mount time, before any reader runs;
+ * every other function may be called from any thread.
+ * Ownership: the table owns its paths and descriptors.
+ */
+#ifndef RS_SOURCE_H
+#define RS_SOURCE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+typedef struct rs_sources rs_sources;
+
+typedef struct {
+	uint64_t dev, ino, size;
+	int64_t mtime_sec, mtime_nsec;
+} rs_file_id;
+
+/* Opens the SOURCE directory.  -errno when it cannot be opened. */
+int rs_sources_open(rs_sources **out, const char *root);
+void rs_sources_free(rs_sources *s);
+
+/* Descriptor of the SOURCE directory (owned by the table). */
+int rs_sources_root_fd(const rs_sources *s);
+
+/* Records the file at `relpath` (components separated by '/', validated by
+ * the caller) with the identity `id`.  *index receives its number. */
+int rs_sources_add(rs_sources *s, const char *relpath, const rs_file_id *id,
+		   uint32_t *index);
+
+uint32_t rs_sources_count(const rs_sources *s);
+const char *rs_sources_path(const rs_sources *s, uint32_t index);
+const rs_file_id *rs_sources_id(const rs_sources *s, uint32_t index);
+
+/* 0 when the file at its path still has the recorded identity; -ESTALE when
+ * it changed or vanished (a log-worthy event). */
+int rs_sources_check(rs_sources *s, uint32_t index);
+
+/* An open descriptor for the file (owned by the table; do not close).
+ * Opens it on first use and verifies the opened file is the recorded one:
+ * -ESTALE when not. */
+int rs_sources_fd(rs_sources *s, uint32_t index, int *fd);
+
+/* Source bytes read so far, by every reader (executors and splices). */
+void rs_sources_count_read(rs_sources *s, uint64_t bytes);
+uint64_t rs_sources_bytes_read(const rs_sources *s);
+
+/* Fills an identity from a stat result. */
+void rs_file_id_from_stat(rs_file_id *id, const struct stat *st);
+
+/* Opens `relpath` under `dirfd` without leaving it (RESOLVE_BENEATH;
+ * falls back to O_NOFOLLOW on kernels without openat2).  Returns a
+ * descriptor or -errno. */
+int rs_open_beneath(int dirfd, const char *relpath, int flags);
+
+/* A name from a checkpoint that may become one path component: non-empty,
+ * at most 255 bytes, no '/', no NUL, not "." or "..". */
+bool rs_name_is_safe(const char *name);
+
+#endif

@@ -1,0 +1,285 @@
+#include "planner/vtree.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Grows *arr (of *cap elements of `size` bytes) to hold one more. */
+static int grow(void **arr, uint32_t *cap, uint32_t count, size_t size)
+{
+	void *p;
+	uint32_t n;
+
+	if (count < *cap)
+		return 0;
+	n = *cap ? *cap * 2 : 4;
+	if (n < *cap)
+		return -E2BIG;
+	p = realloc(*arr, (size_t)n * size);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = n;
+	return 0;
+}
+
+int rs_vtree_init(rs_vtree *t, struct timespec root_mtime)
+{
+	memset(t, 0, sizeof(*t));
+	t->nodes = calloc(64, sizeof(rs_vnode));
+	if (!t->nodes)
+		return -ENOMEM;
+	t->cap = 64;
+	t->count = 1;
+	t->nodes[0].name = strdup("");
+	t->nodes[0].is_dir = true;
+	t->nodes[0].mtime = root_mtime;
+	return t->nodes[0].name ? 0 : -ENOMEM;
+}
+
+void rs_vtree_free(rs_vtree *t)
+{
+	for (uint32_t i = 0; i < t->count; i++) {
+		rs_vnode *n = &t->nodes[i];
+
+		for (uint32_t s = 0; s < n->nsegs; s++)
+			if (n->segs[s].kind == RS_SEG_LITERAL)
+				free((void *)n->segs[s].u.bytes);
+		free(n->name);
+		free(n->children);
+		free(n->segs);
+		free(n->sources);
+	}
+	for (uint64_t c = 0; c < t->nchunks; c++) {
+		rs_plan_free(&t->chunks[c]->plan);
+		free(t->chunks[c]);
+	}
+	free(t->chunks);
+	free(t->nodes);
+	memset(t, 0, sizeof(*t));
+}
+
+int rs_vtree_lookup(const rs_vtree *t, uint32_t dir, const char *name,
+		    uint32_t *index)
+{
+	const rs_vnode *d = &t->nodes[dir];
+
+	for (uint32_t i = 0; i < d->nchildren; i++)
+		if (strcmp(t->nodes[d->children[i]].name, name) == 0) {
+			*index = d->children[i];
+			return 0;
+		}
+	return -ENOENT;
+}
+
+static int add_node(rs_vtree *t, uint32_t parent, const char *name,
+		    bool is_dir, struct timespec mtime, uint32_t *index)
+{
+	rs_vnode *n;
+	uint32_t dummy;
+	int err;
+
+	if (rs_vtree_lookup(t, parent, name, &dummy) == 0)
+		return -EEXIST;
+	err = grow((void **)&t->nodes, &t->cap, t->count, sizeof(rs_vnode));
+	if (err)
+		return err;
+	err = grow((void **)&t->nodes[parent].children,
+		   &t->nodes[parent].cap_children, t->nodes[parent].nchildren,
+		   sizeof(uint32_t));
+	if (err)
+		return err;
+	n = &t->nodes[t->count];
+	memset(n, 0, sizeof(*n));
+	n->name = strdup(name);
+	if (!n->name)
+		return -ENOMEM;
+	n->parent = parent;
+	n->is_dir = is_dir;
+	n->mtime = mtime;
+	t->nodes[parent].children[t->nodes[parent].nchildren++] = t->count;
+	*index = t->count++;
+	return 0;
+}
+
+int rs_vtree_add_dir(rs_vtree *t, uint32_t parent, const char *name,
+		     struct timespec mtime, uint32_t *index)
+{
+	return add_node(t, parent, name, true, mtime, index);
+}
+
+int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
+		      struct timespec mtime, uint32_t *index)
+{
+	return add_node(t, parent, name, false, mtime, index);
+}
+
+/* Records that `file` reads `source`, keeping the list sorted and distinct. */
+static int note_source(rs_vnode *n, uint32_t source)
+{
+	uint32_t lo = 0, hi = n->nsources;
+	int err;
+
+	while (lo < hi) {
+		uint32_t mid = (lo + hi) / 2;
+
+		if (n->sources[mid] == source)
+			return 0;
+		if (n->sources[mid] < source)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	err = grow((void **)&n->sources, &n->cap_sources, n->nsources,
+		   sizeof(uint32_t));
+	if (err)
+		return err;
+	memmove(&n->sources[lo + 1], &n->sources[lo],
+		(n->nsources - lo) * sizeof(uint32_t));
+	n->sources[lo] = source;
+	n->nsources++;
+	return 0;
+}
+
+static int append(rs_vtree *t, uint32_t file, rs_segment seg)
+{
+	rs_vnode *n = &t->nodes[file];
+	int err;
+
+	if (seg.length == 0)
+		return 0;
+	if (!rs_add_u64(n->size, seg.length, &seg.offset))
+		return -EOVERFLOW;
+	err = grow((void **)&n->segs, &n->cap_segs, n->nsegs,
+		   sizeof(rs_segment));
+	if (err)
+		return err;
+	seg.offset = n->size;
+	n->segs[n->nsegs++] = seg;
+	n->size += seg.length;
+	return 0;
+}
+
+int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,
+			    uint64_t len)
+{
+	rs_segment seg = { .kind = RS_SEG_LITERAL, .length = len };
+	uint8_t *copy;
+	int err;
+
+	if (len == 0)
+		return 0;
+	copy = malloc(len);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, bytes, len);
+	seg.u.bytes = copy;
+	err = append(t, file, seg);
+	if (err)
+		free(copy);
+	return err;
+}
+
+int rs_vtree_append_zero(rs_vtree *t, uint32_t file, uint64_t len)
+{
+	rs_segment seg = { .kind = RS_SEG_ZERO, .length = len };
+
+	return append(t, file, seg);
+}
+
+int rs_vtree_append_source(rs_vtree *t, uint32_t file, uint32_t source,
+			   uint64_t offset, uint64_t len)
+{
+	rs_segment seg = { .kind = RS_SEG_SOURCE, .length = len };
+	int err = note_source(&t->nodes[file], source);
+
+	if (err)
+		return err;
+	seg.u.source.index = source;
+	seg.u.source.offset = offset;
+	return append(t, file, seg);
+}
+
+int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
+			   uint64_t offset, uint64_t len)
+{
+	rs_segment seg = { .kind = RS_SEG_TENSOR, .length = len };
+
+	for (size_t i = 0; i < c->plan.count; i++) {
+		int err = note_source(&t->nodes[file], c->plan.ops[i].source);
+
+		if (err)
+			return err;
+	}
+	seg.u.tensor.chunk = c;
+	seg.u.tensor.offset = offset;
+	return append(t, file, seg);
+}
+
+int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out)
+{
+	rs_chunk *c;
+
+	if (t->nchunks == t->cap_chunks) {
+		uint64_t cap = t->cap_chunks ? t->cap_chunks * 2 : 64;
+		rs_chunk **grown = realloc(t->chunks, cap * sizeof(*grown));
+
+		if (!grown)
+			return -ENOMEM;
+		t->chunks = grown;
+		t->cap_chunks = cap;
+	}
+	c = malloc(sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->id = t->nchunks;
+	c->plan = *plan;
+	rs_plan_init(plan);
+	t->chunks[t->nchunks++] = c;
+	*out = c;
+	return 0;
+}
+
+int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan)
+{
+	const rs_chunk *c;
+	uint64_t at = 0;
+	int err = 0;
+
+	if (!rs_plan_is_runs(plan)) {
+		err = rs_vtree_add_chunk(t, plan, &c);
+		if (err)
+			goto out;
+		return rs_vtree_append_tensor(t, file, c, 0, c->plan.size);
+	}
+	/* Runs are sorted by destination: gaps between them are zeros. */
+	for (size_t i = 0; i < plan->count && !err; i++) {
+		const rs_copy_op *op = &plan->ops[i];
+
+		err = rs_vtree_append_zero(t, file, op->dst_off - at);
+		if (!err)
+			err = rs_vtree_append_source(t, file, op->source,
+						     op->src_off, op->len);
+		at = op->dst_off + op->len;
+	}
+	if (!err)
+		err = rs_vtree_append_zero(t, file, plan->size - at);
+out:
+	rs_plan_free(plan);
+	return err;
+}
+
+uint32_t rs_vtree_find_segment(const rs_vnode *n, uint64_t off)
+{
+	uint32_t lo = 0, hi = n->nsegs;
+
+	while (hi - lo > 1) {
+		uint32_t mid = (lo + hi) / 2;
+
+		if (n->segs[mid].offset <= off)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}

@@ -1,0 +1,107 @@
+/* vtree: the virtual tree a view presents, built once at mount time.
+ *
+ * Every file is a list of segments laid end to end (DESIGN.md §2):
+ *   LITERAL  bytes built at mount time (headers, rewritten metadata);
+ *   ZERO     zeros (vocab padding rows, edge-chunk padding);
+ *   SOURCE   one contiguous byte range of one source file, served without
+ *            a user-space copy;
+ *   TENSOR   a byte range of a chunk: a box of a tensor built by executing
+ *            a plan, block by block, through the cache.
+ * Sizes are exact at mount time; no tensor byte is read to build the tree.
+ *
+ * Node 0 is the root.  Nodes, segments and chunks are owned by the tree and
+ * live until rs_vtree_free; pointers to them are stable once building ends
+ * (the tree is read-only while mounted).  Functions return 0 or -errno.
+ */
+#ifndef RS_VTREE_H
+#define RS_VTREE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "planner/plan.h"
+
+typedef enum {
+	RS_SEG_LITERAL,
+	RS_SEG_ZERO,
+	RS_SEG_SOURCE,
+	RS_SEG_TENSOR,
+} rs_seg_kind;
+
+/* A box of a tensor that must be materialised: its plan covers the whole
+ * destination (plan.size bytes).  `id` is unique within the tree. */
+typedef struct {
+	uint64_t id;
+	rs_plan plan;
+} rs_chunk;
+
+typedef struct {
+	rs_seg_kind kind;
+	uint64_t offset;   /* in the file */
+	uint64_t length;
+	union {
+		const uint8_t *bytes;                               /* LITERAL */
+		struct { uint32_t index; uint64_t offset; } source; /* SOURCE */
+		struct { const rs_chunk *chunk; uint64_t offset; } tensor;
+	} u;
+} rs_segment;
+
+typedef struct {
+	char *name;
+	uint32_t parent;
+	bool is_dir;
+	uint64_t size;
+	struct timespec mtime;
+	/* directories */
+	uint32_t *children;
+	uint32_t nchildren, cap_children;
+	/* files */
+	rs_segment *segs;
+	uint32_t nsegs, cap_segs;
+	uint32_t *sources;      /* distinct source files read, sorted */
+	uint32_t nsources, cap_sources;
+} rs_vnode;
+
+typedef struct {
+	rs_vnode *nodes;
+	uint32_t count, cap;
+	rs_chunk **chunks;
+	uint64_t nchunks, cap_chunks;
+} rs_vtree;
+
+int rs_vtree_init(rs_vtree *t, struct timespec root_mtime);
+void rs_vtree_free(rs_vtree *t);
+
+/* New directory or (empty) file under `parent`; `name` is copied and must
+ * be a safe name (rs_name_is_safe).  -EEXIST on a duplicate name. */
+int rs_vtree_add_dir(rs_vtree *t, uint32_t parent, const char *name,
+		     struct timespec mtime, uint32_t *index);
+int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
+		      struct timespec mtime, uint32_t *index);
+
+/* Appends a segment to the end of a file.  Literal bytes are copied. */
+int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,
+			    uint64_t len);
+int rs_vtree_append_zero(rs_vtree *t, uint32_t file, uint64_t len);
+int rs_vtree_append_source(rs_vtree *t, uint32_t file, uint32_t source,
+			   uint64_t offset, uint64_t len);
+int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
+			   uint64_t offset, uint64_t len);
+
+/* Takes ownership of *plan (left empty) as a new chunk. */
+int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out);
+
+/* Appends a whole plan's destination to a file: as SOURCE and ZERO
+ * segments when it is a concatenation of source runs (zero-copy), else as
+ * one TENSOR segment over a new chunk.  Takes ownership of *plan. */
+int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan);
+
+/* Index of the segment holding file byte `off` (off < size). */
+uint32_t rs_vtree_find_segment(const rs_vnode *n, uint64_t off);
+
+/* Child of a directory by name, or -ENOENT. */
+int rs_vtree_lookup(const rs_vtree *t, uint32_t dir, const char *name,
+		    uint32_t *index);
+
+#endif

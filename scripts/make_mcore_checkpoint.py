@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Write a real Megatron-core distributed checkpoint of a tiny GPTModel on CPU.
+
+Usage:
+    python make_mcore_checkpoint.py OUTDIR [--tp T] [--backend zarr|torch_dist]
+                                   [--verify-load] [--seed S]
+
+Spawns T processes (torch.multiprocessing), joins them with torch.distributed
+over gloo on 127.0.0.1, builds a tiny GPTModel (2 layers, hidden 64, ffn 128,
+4 heads, 2 query groups (GQA), SwiGLU, RMSNorm, RoPE, vocab 1000 padded per
+Megatron rules) at tensor-parallel size T with the local (non-TE) layer spec,
+and saves its sharded_state_dict with megatron.core.dist_checkpointing.save.
+
+Needs: torch (the PyPI CUDA build works without a GPU), megatron-core <= 0.15.x
+(0.16 removed the zarr backend), numpy<2, zarr<3 (for --backend zarr).
+No GPU, transformer_engine or apex required.
+"""
+
+import argparse
+import os
+import socket
+import sys
+
+
+def _cpu_workarounds():
+    """Patches needed to run megatron-core 0.15 on a machine without a GPU."""
+    import torch
+    import torch.utils.cpp_extension as cpp_ext
+
+    # megatron/core/inference/unified_memory.py JIT-compiles a CUDA extension
+    # at import time. Without a GPU and without TORCH_CUDA_ARCH_LIST it dies
+    # with IndexError in _get_cuda_arch_flags (not caught); with the arch list
+    # set it spends ~17 s in g++/nvcc and then fails (caught). Make it fail
+    # fast with an exception that megatron catches.
+    def _no_jit(*args, **kwargs):
+        raise RuntimeError("JIT CUDA extensions disabled (CPU-only run)")
+
+    cpp_ext.load_inline = _no_jit
+
+    # zarr strategy calls torch.cuda.synchronize() after every tensor copy.
+    if not torch.cuda.is_available():
+        torch.cuda.synchronize = lambda *a, **k: None
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pad_vocab(vocab_size, tp, divisible_by=128):
+    """Megatron-LM's _vocab_size_with_padding rule."""
+    multiple = divisible_by * tp
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def build_model(tp, seed):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,  # GQA
+        gated_linear_unit=True,  # SwiGLU
+        activation_func=F.silu,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=1,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        params_dtype=torch.float32,
+        bf16=False,
+        fp16=False,
+        sequence_parallel=False,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=pad_vocab(1000, tp),
+        max_sequence_length=128,
+        pre_process=True,
+        post_process=True,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+    )
+    return model
+
+
+def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    _cpu_workarounds()
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    from megatron.core import dist_checkpointing, parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+
+    model = build_model(world_size, seed)
+    sharded_sd = model.sharded_state_dict(prefix="")
+
+    if backend == "zarr":
+        strategy = ("zarr", 1)
+    else:
+        strategy = None  # default: torch_dist
+    if rank == 0:
+        os.makedirs(outdir, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(sharded_sd, outdir, sharded_strategy=strategy)
+    dist.barrier()
+    if rank == 0:
+        print(f"saved {backend} checkpoint (tp={world_size}) to {outdir}", flush=True)
+
+    if verify_load:
+        ref = {k: v.detach().clone() for k, v in model.state_dict().items() if v is not None
+               and isinstance(v, torch.Tensor)}
+        # perturb the model, load the checkpoint back, compare
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        load_sd = model.sharded_state_dict(prefix="")
+        loaded = dist_checkpointing.load(load_sd, outdir)
+        model.load_state_dict(loaded, strict=False)
+        bad = [k for k, v in model.state_dict().items()
+               if k in ref and isinstance(v, torch.Tensor) and not torch.equal(v, ref[k])]
+        status = "OK" if not bad else f"MISMATCH {bad}"
+        print(f"rank {rank}: load check {status} ({len(ref)} tensors)", flush=True)
+        if bad:
+            raise SystemExit(1)
+
+    dist.barrier()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--backend", choices=["zarr", "torch_dist"], default="zarr")
+    ap.add_argument("--verify-load", action="store_true",
+                    help="load the checkpoint back with dist_checkpointing.load and compare")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+
+    outdir = os.path.abspath(args.outdir)
+    if os.path.exists(outdir) and os.listdir(outdir):
+        ap.error(f"{outdir} exists and is not empty")
+
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed),
+             nprocs=args.tp, join=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
