@@ -1,0 +1,188 @@
+/* Block cache: budget, LRU eviction, single flight, failed builds, lz4. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fs/cache.h"
+#include "tests/unit/check.h"
+
+#define LEN (64u << 10)
+
+static atomic_int builds;
+
+/* Fills a block with a pattern derived from its key (compressible when
+ * arg says so). */
+static int fill(void *arg, uint8_t *buf, uint64_t len)
+{
+	uintptr_t key = (uintptr_t)arg;
+
+	atomic_fetch_add(&builds, 1);
+	for (uint64_t i = 0; i < len; i++)
+		buf[i] = (uint8_t)((key & 1) ? key : (key * 31 + i * 7 + (i >> 8)));
+	return 0;
+}
+
+static int fill_slow(void *arg, uint8_t *buf, uint64_t len)
+{
+	usleep(50000);
+	return fill(arg, buf, len);
+}
+
+static int fail(void *arg, uint8_t *buf, uint64_t len)
+{
+	atomic_fetch_add(&builds, 1);
+	return -EIO;
+}
+
+static bool same(const rs_block *b, uintptr_t key)
+{
+	uint8_t *want = malloc(LEN);
+	bool ok;
+
+	fill((void *)key, want, LEN);
+	atomic_fetch_sub(&builds, 1);
+	ok = memcmp(rs_block_data(b), want, LEN) == 0;
+	free(want);
+	return ok;
+}
+
+static void test_budget_and_lru(void)
+{
+	rs_cache *c;
+	rs_cache_stats s;
+	rs_block *b;
+
+	CHECK(rs_cache_new(&c, 4 * LEN, false) == 0);
+	builds = 0;
+	for (uintptr_t k = 0; k < 4; k++) {
+		CHECK(rs_cache_get(c, 1, k, LEN, fill, (void *)(k * 2), &b) == 0);
+		rs_cache_release(c, b);
+	}
+	/* Touch block 0, then add a fifth: block 1 (least recent) goes. */
+	CHECK(rs_cache_get(c, 1, 0, LEN, fill, (void *)0, &b) == 0);
+	rs_cache_release(c, b);
+	CHECK(rs_cache_get(c, 1, 4, LEN, fill, (void *)8, &b) == 0);
+	rs_cache_release(c, b);
+	rs_cache_get_stats(c, &s);
+	CHECK(s.bytes <= 4 * LEN && s.evictions == 1 && s.hits == 1);
+	CHECK(builds == 5);
+	CHECK(rs_cache_get(c, 1, 0, LEN, fill, (void *)0, &b) == 0);
+	CHECK(builds == 5 && same(b, 0));
+	rs_cache_release(c, b);
+	CHECK(rs_cache_get(c, 1, 1, LEN, fill, (void *)2, &b) == 0);
+	CHECK(builds == 6 && same(b, 2));
+	rs_cache_release(c, b);
+
+	/* A block in use is never freed, even over budget. */
+	{
+		rs_block *held[6];
+
+		for (uintptr_t k = 0; k < 6; k++)
+			CHECK(rs_cache_get(c, 2, k, LEN, fill, (void *)(k * 4), &held[k]) == 0);
+		for (uintptr_t k = 0; k < 6; k++) {
+			CHECK(same(held[k], k * 4));
+			rs_cache_release(c, held[k]);
+		}
+		rs_cache_get_stats(c, &s);
+		CHECK(s.bytes <= 4 * LEN);
+	}
+	rs_cache_free(c);
+}
+
+typedef struct {
+	rs_cache *c;
+	int err;
+	bool ok;
+} racer;
+
+static void *race(void *arg)
+{
+	racer *r = arg;
+	rs_block *b;
+
+	r->err = rs_cache_get(r->c, 9, 9, LEN, fill_slow, (void *)6, &b);
+	if (!r->err) {
+		r->ok = same(b, 6);
+		rs_cache_release(r->c, b);
+	}
+	return NULL;
+}
+
+static void *race_fail(void *arg)
+{
+	racer *r = arg;
+	rs_block *b;
+
+	r->err = rs_cache_get(r->c, 5, 5, LEN, fail, NULL, &b);
+	return NULL;
+}
+
+static void test_single_flight(void)
+{
+	pthread_t th[8];
+	racer r[8];
+	rs_cache *c;
+	rs_block *b;
+
+	CHECK(rs_cache_new(&c, 16 * LEN, false) == 0);
+	builds = 0;
+	for (int i = 0; i < 8; i++) {
+		r[i] = (racer){ c, -1, false };
+		pthread_create(&th[i], NULL, race, &r[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(r[i].err == 0 && r[i].ok);
+	}
+	CHECK(builds == 1);
+
+	/* A failed build reaches its waiters as an error and is not cached. */
+	builds = 0;
+	for (int i = 0; i < 8; i++) {
+		r[i] = (racer){ c, 0, false };
+		pthread_create(&th[i], NULL, race_fail, &r[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(r[i].err == -EIO);
+	}
+	CHECK(builds >= 1);
+	CHECK(rs_cache_get(c, 5, 5, LEN, fill, (void *)2, &b) == 0 && same(b, 2));
+	rs_cache_release(c, b);
+	rs_cache_free(c);
+}
+
+static void test_lz4_cold(void)
+{
+	rs_cache *c;
+	rs_cache_stats s;
+	rs_block *b;
+
+	/* Odd keys fill constant bytes: they compress to almost nothing. */
+	CHECK(rs_cache_new(&c, 4 * LEN, true) == 0);
+	builds = 0;
+	for (uintptr_t k = 0; k < 8; k++) {
+		CHECK(rs_cache_get(c, 3, k, LEN, fill, (void *)(2 * k + 1), &b) == 0);
+		rs_cache_release(c, b);
+	}
+	rs_cache_get_stats(c, &s);
+	CHECK(s.cold_blocks >= 4 && s.bytes <= 4 * LEN);
+	for (uintptr_t k = 0; k < 8; k++) {
+		CHECK(rs_cache_get(c, 3, k, LEN, fill, (void *)(2 * k + 1), &b) == 0);
+		CHECK(same(b, 2 * k + 1));
+		rs_cache_release(c, b);
+	}
+	CHECK(builds == 8); /* every block came back from its cold copy */
+	rs_cache_free(c);
+}
+
+int main(void)
+{
+	test_budget_and_lru();
+	test_single_flight();
+	test_lz4_cold();
+	return CHECK_DONE();
+}

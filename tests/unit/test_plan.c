@@ -1,0 +1,234 @@
+/* Plan math against an independent oracle.
+ *
+ * A test tensor stores element g (global C-order index) as the uint32
+ * value g+1, one buffer per chunk, with edge-chunk padding filled with
+ * garbage.  A plan for a target box is executed by a reference copier and
+ * compared, element by element, with the value formula: g+1 inside the
+ * stored tensor, 0 outside it (vocab rows past the stored ones, padding).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/catalog.h"
+#include "planner/plan.h"
+#include "tests/unit/check.h"
+
+typedef struct {
+	rs_catalog cat;
+	rs_tensor *t;
+	uint8_t **chunks;   /* stored bytes of each chunk, by grid index */
+} fixture;
+
+static uint64_t linear(const uint64_t *idx, const uint64_t *shape, int n)
+{
+	uint64_t g = 0;
+
+	for (int i = 0; i < n; i++)
+		g = g * shape[i] + idx[i];
+	return g;
+}
+
+static void make(fixture *f, int n, const uint64_t *shape,
+		 const uint64_t *chunk)
+{
+	size_t ti;
+	uint64_t cb;
+
+	rs_catalog_init(&f->cat);
+	rs_catalog_add_regular(&f->cat, "t", RS_DTYPE_F32, n, shape, chunk, &ti);
+	f->t = &f->cat.tensors[ti];
+	cb = rs_tensor_chunk_bytes(f->t);
+	f->chunks = calloc(f->t->nfrags, sizeof(uint8_t *));
+	for (uint64_t gi = 0; gi < f->t->nfrags; gi++) {
+		uint64_t idx[RS_MAX_DIMS], rest = gi, pos[RS_MAX_DIMS] = { 0 };
+		uint32_t *buf = malloc(cb);
+
+		for (int i = n - 1; i >= 0; i--) {
+			idx[i] = rest % f->t->grid_count[i];
+			rest /= f->t->grid_count[i];
+		}
+		rs_catalog_set_chunk(f->t, idx, (uint32_t)gi, 0);
+		for (uint64_t e = 0; e < cb / 4; e++) {
+			uint64_t g[RS_MAX_DIMS];
+			int inside = 1;
+
+			for (int i = 0; i < n; i++) {
+				g[i] = idx[i] * chunk[i] + pos[i];
+				inside &= g[i] < shape[i];
+			}
+			buf[e] = inside ? (uint32_t)linear(g, shape, n) + 1 : 0xEEEEEEEEu;
+			for (int i = n - 1; i >= 0 && ++pos[i] == chunk[i]; i--)
+				pos[i] = 0;
+		}
+		f->chunks[gi] = (uint8_t *)buf;
+	}
+}
+
+static void drop(fixture *f)
+{
+	for (uint64_t i = 0; i < f->t->nfrags; i++)
+		free(f->chunks[i]);
+	free(f->chunks);
+	rs_catalog_free(&f->cat);
+}
+
+/* The reference executor: row by row, memcpy. */
+static void run(const fixture *f, const rs_plan *p, uint8_t *dst)
+{
+	memset(dst, 0, p->size);
+	for (size_t k = 0; k < p->count; k++) {
+		const rs_copy_op *op = &p->ops[k];
+
+		for (uint64_t r = 0; r < op->count; r++)
+			memcpy(dst + op->dst_off + r * op->dst_stride,
+			       f->chunks[op->source] + op->src_off + r * op->src_stride,
+			       op->len);
+	}
+}
+
+/* Plans and checks every box of a target grid; returns how many plans
+ * were pure runs (zero-copy candidates). */
+static int check_grid(fixture *f, const uint64_t *tshape, const uint64_t *tchunk)
+{
+	int n = f->t->ndim, runs = 0;
+	uint64_t count[RS_MAX_DIMS], idx[RS_MAX_DIMS] = { 0 };
+
+	for (int i = 0; i < n; i++)
+		count[i] = (tshape[i] + tchunk[i] - 1) / tchunk[i];
+	for (;;) {
+		rs_box box = { .ndim = n };
+		rs_plan p;
+		uint8_t *dst;
+		uint64_t pos[RS_MAX_DIMS] = { 0 }, elems = 1, bad = 0;
+
+		for (int i = 0; i < n; i++) {
+			uint64_t end = (idx[i] + 1) * tchunk[i];
+
+			box.off[i] = idx[i] * tchunk[i];
+			box.len[i] = (end > tshape[i] ? tshape[i] : end) - box.off[i];
+			elems *= tchunk[i];
+		}
+		CHECK(rs_plan_box(f->t, &box, tchunk, &p) == 0);
+		CHECK(p.size == elems * 4);
+		CHECK(p.covered <= p.size);
+		dst = malloc(p.size);
+		run(f, &p, dst);
+		for (uint64_t e = 0; e < elems; e++) {
+			uint64_t g[RS_MAX_DIMS];
+			int inside = 1;
+			uint32_t want, got;
+
+			for (int i = 0; i < n; i++) {
+				g[i] = box.off[i] + pos[i];
+				inside &= pos[i] < box.len[i] && g[i] < f->t->shape[i];
+			}
+			want = inside ? (uint32_t)linear(g, f->t->shape, n) + 1 : 0;
+			memcpy(&got, dst + e * 4, 4);
+			bad += want != got;
+			for (int i = n - 1; i >= 0 && ++pos[i] == tchunk[i]; i--)
+				pos[i] = 0;
+		}
+		CHECK(bad == 0);
+		runs += rs_plan_is_runs(&p);
+
+		/* Any slice of the plan builds the same bytes as the whole. */
+		for (int s = 0; s < 20 && p.size > 1; s++) {
+			uint64_t a = (uint64_t)rand() % p.size;
+			uint64_t b = a + 1 + (uint64_t)rand() % (p.size - a);
+			rs_plan sl;
+			uint8_t *part;
+
+			CHECK(rs_plan_slice(&p, a, b, &sl) == 0);
+			part = malloc(b - a);
+			run(f, &sl, part);
+			CHECK(memcmp(part, dst + a, b - a) == 0);
+			free(part);
+			rs_plan_free(&sl);
+		}
+		free(dst);
+		rs_plan_free(&p);
+		int i = n - 1;
+
+		while (i >= 0 && ++idx[i] == count[i])
+			idx[i--] = 0;
+		if (i < 0)
+			return runs;
+	}
+}
+
+int main(void)
+{
+	fixture f;
+
+	srand(7);
+	{ /* column-parallel split tp2 -> tp8: contiguous ranges only */
+		uint64_t shape[] = { 4, 256, 64 }, chunk[] = { 1, 128, 64 };
+		uint64_t tchunk[] = { 1, 32, 64 };
+
+		make(&f, 3, shape, chunk);
+		CHECK(check_grid(&f, shape, tchunk) == 4 * 8);
+		drop(&f);
+	}
+	{ /* column-parallel merge tp8 -> tp2: concatenated ranges */
+		uint64_t shape[] = { 4, 256, 64 }, chunk[] = { 1, 32, 64 };
+		uint64_t tchunk[] = { 1, 128, 64 };
+
+		make(&f, 3, shape, chunk);
+		CHECK(check_grid(&f, shape, tchunk) == 4 * 2);
+		drop(&f);
+	}
+	{ /* row-parallel merge tp8 -> tp1: strided */
+		uint64_t shape[] = { 4, 64, 128 }, chunk[] = { 1, 64, 16 };
+		uint64_t tchunk[] = { 1, 64, 128 };
+
+		make(&f, 3, shape, chunk);
+		CHECK(check_grid(&f, shape, tchunk) == 0);
+		drop(&f);
+	}
+	{ /* row-parallel split tp1 -> tp8: strided */
+		uint64_t shape[] = { 2, 32, 128 }, chunk[] = { 1, 32, 128 };
+		uint64_t tchunk[] = { 1, 32, 16 };
+
+		make(&f, 3, shape, chunk);
+		CHECK(check_grid(&f, shape, tchunk) == 0);
+		drop(&f);
+	}
+	{ /* edge chunks on both sides, grids that do not align */
+		uint64_t shape[] = { 10, 7 }, chunk[] = { 4, 3 };
+		uint64_t t1[] = { 5, 7 }, t2[] = { 3, 2 }, t3[] = { 10, 7 };
+
+		make(&f, 2, shape, chunk);
+		check_grid(&f, shape, t1);
+		check_grid(&f, shape, t2);
+		check_grid(&f, shape, t3);
+		drop(&f);
+	}
+	{ /* vocab grown past the stored rows: zeros; and shrunk */
+		uint64_t shape[] = { 1000, 8 }, chunk[] = { 500, 8 };
+		uint64_t grow[] = { 1024, 8 }, gchunk[] = { 128, 8 };
+		uint64_t shrink[] = { 896, 8 }, schunk[] = { 896, 8 };
+
+		make(&f, 2, shape, chunk);
+		check_grid(&f, grow, gchunk);
+		check_grid(&f, shrink, schunk);
+		drop(&f);
+	}
+	{ /* 4-d, split on the last axis with a layer axis in front */
+		uint64_t shape[] = { 2, 3, 4, 12 }, chunk[] = { 1, 3, 4, 6 };
+		uint64_t tchunk[] = { 1, 3, 4, 4 }, tchunk2[] = { 2, 3, 4, 12 };
+
+		make(&f, 4, shape, chunk);
+		check_grid(&f, shape, tchunk);
+		check_grid(&f, shape, tchunk2);
+		drop(&f);
+	}
+	{ /* 0-d tensor */
+		uint64_t none[1] = { 0 };
+
+		make(&f, 0, none, none);
+		CHECK(check_grid(&f, none, none) == 1);
+		drop(&f);
+	}
+	return CHECK_DONE();
+}
