@@ -39,7 +39,8 @@ void rs_options_help(void)
 	       "                           ceil(N/(vocab_divisor*tp))*vocab_divisor*tp rows\n"
 	       "    -o vocab_divisor=N     Megatron's make_vocab_size_divisible_by (default 128)\n"
 	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
-	       "    -o cache_size=SIZE     block cache budget, bytes or K/M/G (default 1G)\n"
+	       "    -o cache_size=SIZE     block cache budget: bytes, or K/M/G/T (default 1G;\n"
+	       "                           at least 1M)\n"
 	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
 	       "                           none (default): keep every cached block raw\n"
 	       "\n");

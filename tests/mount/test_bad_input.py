@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -341,9 +342,13 @@ def test_mount_helper(sample, reshardfs_bin, tmp_path, form):
             assert u.returncode == 0, u.stderr
             assert gone, "mount did not vanish after fusermount3 -u"
     # the daemonized process must go away on its own after the unmount
-    assert wait_for(lambda: not any(os.path.exists(f"/proc/{p}")
-                                    and _proc_state(p) != "Z"
-                                    for p in pids)), pids
+    def alive():
+        return [p for p in pids if _proc_state(p) not in ("Z", "gone")]
+    if not wait_for(lambda: not alive()):
+        left = alive()
+        for p in left:          # our own daemon: do not leak it
+            os.kill(p, signal.SIGKILL)
+        pytest.fail(f"daemon {left} still running after the unmount")
 
 
 def _proc_state(pid):
@@ -352,5 +357,5 @@ def _proc_state(pid):
             if ln.startswith("State:"):
                 return ln.split()[1]
     except OSError:
-        return "Z"
+        return "gone"
     return "?"

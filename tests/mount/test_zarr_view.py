@@ -276,6 +276,9 @@ def test_stats(sample, mount):
 
 
 def _xattr_paths(value):
+    """Source paths named by the xattr: a JSON list of paths, or one line per
+    source run whose first field is the path (further fields, such as byte
+    offsets and lengths, are the daemon's business)."""
     text = value.decode()
     try:
         v = json.loads(text)
@@ -283,7 +286,8 @@ def _xattr_paths(value):
             return set(v)
     except ValueError:
         pass
-    return {t for t in text.replace(",", " ").replace("\0", " ").split() if t}
+    return {ln.split()[0] for ln in text.replace("\0", "\n").splitlines()
+            if ln.strip()}
 
 
 @pytest.mark.parametrize("src_tp,tp,rel", [
