@@ -417,6 +417,8 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 		snprintf(shown, sizeof(shown), "%s/%s", ck->root_path, path);
 		err = rs_zarr_parse_meta(arr.zarray_text, arr.zarray_len, shown,
 					 relpath, &ck->catalog, &arr.tensor, d);
+		if (!err)
+			err = rs_catalog_set_origin(&ck->catalog, arr.tensor, shown);
 	}
 	if (!err)
 		err = add_source_file(ck, path, &st, &arr.zarray_source, d);
@@ -439,6 +441,8 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 
 		if (strcmp(names[i], ".zarray") == 0)
 			continue;
+		/* A nested walk may have grown the catalog: re-fetch. */
+		t = &ck->catalog.tensors[arr.tensor];
 		if ((err = join(path, relpath, names[i])))
 			goto fail_names;
 		if (stat_entry(ck, dirfd, names[i], path, &st, d)) {
@@ -470,6 +474,7 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 			bad = -EINVAL;
 			continue;
 		}
+		seen[t->ndim ? rs_tensor_grid_index(t, idx) : 0] = true;
 		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != chunk_bytes) {
 			rs_diag_add(d, "%s/%s: chunk file has %lld bytes, expected %llu",
 				    ck->root_path, path, (long long)st.st_size,
@@ -479,11 +484,9 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 		}
 		if ((err = add_source_file(ck, path, &st, &src, d)))
 			goto fail_names;
-		/* Catalog growth may have moved t; re-fetch. */
-		t = &ck->catalog.tensors[arr.tensor];
-		seen[t->ndim ? rs_tensor_grid_index(t, idx) : 0] = true;
 		rs_catalog_set_chunk(t, idx, src, 0);
 	}
+	t = &ck->catalog.tensors[arr.tensor];
 	if (check_complete(ck, t, seen, relpath, d))
 		bad = -EINVAL;
 	free_names(names, nnames);

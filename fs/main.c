@@ -170,11 +170,8 @@ int main(int argc, char *argv[])
 
 	if (build(&fs, &o, cmd.debug) != 0)
 		goto out_cmd;
-	d = rs_diag_new();
-	if (!d || rs_executor_create(&fs.exec, RS_EXECUTOR_CPU, 0, d) != 0 ||
-	    rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
-		fprintf(stderr, "reshardfs: cannot start the executor or the cache\n");
-		print_diag(d);
+	if (rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
+		fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
 	}
 	fs.ctl_ino = (fuse_ino_t)fs.tree.count + 1;
@@ -199,6 +196,15 @@ int main(int argc, char *argv[])
 		rs_log_to_syslog();
 	fuse_daemonize(cmd.foreground);
 
+	/* Threads do not survive the fork in fuse_daemonize: start the
+	 * executor's pool only now. */
+	d = rs_diag_new();
+	if (!d || rs_executor_create(&fs.exec, RS_EXECUTOR_CPU, 0, d) != 0) {
+		rs_log(RS_LOG_ERROR, "cannot start the executor: %s",
+		       rs_diag_line(d, 0) ? rs_diag_line(d, 0) : "out of resources");
+		goto out_unmount;
+	}
+
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(se);
 	} else {
@@ -208,7 +214,8 @@ int main(int argc, char *argv[])
 			goto out_unmount;
 		}
 		fuse_loop_cfg_set_clone_fd(loop, cmd.clone_fd);
-		fuse_loop_cfg_set_idle_threads(loop, cmd.max_idle_threads);
+		if (cmd.max_idle_threads <= 100000)
+			fuse_loop_cfg_set_idle_threads(loop, cmd.max_idle_threads);
 		if (cmd.max_threads > 0 && cmd.max_threads <= 100000)
 			fuse_loop_cfg_set_max_threads(loop, cmd.max_threads);
 		ret = fuse_session_loop_mt(se, loop);

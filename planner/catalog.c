@@ -13,6 +13,7 @@ void rs_catalog_free(rs_catalog *c)
 {
 	for (size_t i = 0; i < c->count; i++) {
 		free(c->tensors[i].name);
+		free(c->tensors[i].origin);
 		free(c->tensors[i].frags);
 	}
 	free(c->tensors);
@@ -72,6 +73,17 @@ fail_name:
 	free(t.name);
 fail:
 	return err;
+}
+
+int rs_catalog_set_origin(rs_catalog *c, size_t index, const char *origin)
+{
+	char *copy = strdup(origin);
+
+	if (!copy)
+		return -ENOMEM;
+	free(c->tensors[index].origin);
+	c->tensors[index].origin = copy;
+	return 0;
 }
 
 uint64_t rs_tensor_grid_index(const rs_tensor *t, const uint64_t *idx)

@@ -32,6 +32,7 @@ typedef struct {
 
 typedef struct {
 	char *name;
+	char *origin;                   /* file that defines it, for messages */
 	rs_dtype dtype;
 	int ndim;
 	uint64_t shape[RS_MAX_DIMS];
@@ -58,6 +59,10 @@ void rs_catalog_free(rs_catalog *c);
 int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
 			   int ndim, const uint64_t *shape,
 			   const uint64_t *chunk, size_t *index);
+
+/* Records the file that defines tensor `index` (copied), so problems with
+ * it can name the file.  Returns 0 or -ENOMEM. */
+int rs_catalog_set_origin(rs_catalog *c, size_t index, const char *origin);
 
 /* Linear grid index of chunk coordinates `idx` (C order). */
 uint64_t rs_tensor_grid_index(const rs_tensor *t, const uint64_t *idx);

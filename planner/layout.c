@@ -74,8 +74,8 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 		tg->split = r->split;
 		tg->axis = layer_axes + r->axis;
 		if (t->shape[tg->axis] % t->grid[tg->axis] != 0) {
-			rs_diag_add(d, "%s: axis %d of size %llu is not a whole number of stored chunks of %llu",
-				    t->name, tg->axis,
+			rs_diag_add(d, "%s: tensor %s is split by TP along axis %d, but its size %llu is not a whole number of chunks of %llu",
+				    t->origin ? t->origin : t->name, t->name, tg->axis,
 				    (unsigned long long)t->shape[tg->axis],
 				    (unsigned long long)t->grid[tg->axis]);
 			err = -EINVAL;

@@ -40,6 +40,10 @@ def _cpu_workarounds():
     # zarr strategy calls torch.cuda.synchronize() after every tensor copy.
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda *a, **k: None
+        # torch_dist save finalize (state_dict_saver.py) and async_utils build
+        # small int tensors on device=torch.cuda.current_device() for an
+        # all_reduce; on CPU/gloo they must live on the CPU.
+        torch.cuda.current_device = lambda: "cpu"
 
 
 def _free_port():
@@ -138,7 +142,15 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
             for p in model.parameters():
                 p.zero_()
         load_sd = model.sharded_state_dict(prefix="")
-        loaded = dist_checkpointing.load(load_sd, outdir)
+        load_strategy = None  # torch_dist: default TorchDistLoadShardedStrategy
+        if backend == "zarr":
+            # default zarr *load* strategy is tensorstore-based; use the
+            # zarr-python one so that tensorstore is not needed
+            from megatron.core.dist_checkpointing.strategies.zarr import (
+                ZarrLoadShardedStrategy,
+            )
+            load_strategy = ZarrLoadShardedStrategy()
+        loaded = dist_checkpointing.load(load_sd, outdir, sharded_strategy=load_strategy)
         model.load_state_dict(loaded, strict=False)
         bad = [k for k, v in model.state_dict().items()
                if k in ref and isinstance(v, torch.Tensor) and not torch.equal(v, ref[k])]

@@ -96,7 +96,32 @@ def _edit_zarray(path, how):
 def test_malformed_zarray(ckpt, failing_mount, how):
     _edit_zarray(ckpt / QKV / ".zarray", how)
     rc, err = failing_mount(ckpt, ["tp=2"])
-    assert_refused(rc, err, f"{QKV}/.zarray")
+    if how == "chunks_not_dividing":
+        # Valid zarr (edge chunks), but the stored chunk files no longer
+        # match it: the refusal names those files.
+        assert_refused(rc, err, f"{QKV}/0.0.0", "expected")
+    else:
+        assert_refused(rc, err, f"{QKV}/.zarray")
+
+
+def test_tp_axis_not_tiled(ckpt, failing_mount):
+    """A TP-split axis whose stored chunks do not tile it (a valid zarr
+    edge chunk) cannot be resharded: the line names the .zarray."""
+    qkv = ckpt / QKV
+    meta = json.loads((qkv / ".zarray").read_text())
+    rows = meta["shape"][1]
+    meta["chunks"][1] = rows // 2 + 8           # two chunks, the last partial
+    (qkv / ".zarray").write_text(json.dumps(meta, indent=4, sort_keys=True))
+    item = 2 if meta["dtype"] == "bfloat16" else 4
+    size = meta["chunks"][1] * meta["chunks"][2] * item
+    for f in list(qkv.iterdir()):
+        if f.name != ".zarray":
+            f.unlink()
+    for layer in range(meta["shape"][0]):
+        for c in range(2):
+            (qkv / f"{layer}.{c}.0").write_bytes(b"\0" * size)
+    rc, err = failing_mount(ckpt, ["tp=2"])
+    assert_refused(rc, err, f"{QKV}/.zarray", "axis 1", str(rows))
 
 
 def test_missing_chunk(ckpt, failing_mount):
@@ -284,6 +309,7 @@ def _daemon_pids(mnt):
 # sanitize_env), so `mount -t fuse.reshardfs` finds the daemon only when it is
 # installed on this path.
 SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TEMP_INSTALL = "/usr/local/sbin/reshardfs"
 
 
 def _mount_command(form, binary, src, mnt):
@@ -293,6 +319,10 @@ def _mount_command(form, binary, src, mnt):
     bindir = os.path.dirname(os.path.abspath(binary))
     if form == "mount -t fuse.reshardfs":
         installed = shutil.which("reshardfs", path=SECURE_PATH)
+        if installed is None and os.geteuid() == 0:
+            # Install it the way `cmake --install` would, for this test.
+            os.symlink(os.path.abspath(binary), TEMP_INSTALL)
+            installed = TEMP_INSTALL
         if installed is None or not os.path.samefile(installed, binary):
             pytest.skip("mount(8) resets PATH to " + SECURE_PATH +
                         "; `mount -t fuse.reshardfs` needs reshardfs "
@@ -334,6 +364,9 @@ def test_mount_helper(sample, reshardfs_bin, tmp_path, form):
                     "rng_state/shard_0.1_1.2.pt"]:
             assert _read(mnt / rel) == exp.read(rel), rel
     finally:
+        if os.path.islink(TEMP_INSTALL) and \
+                os.readlink(TEMP_INSTALL) == os.path.abspath(reshardfs_bin):
+            os.unlink(TEMP_INSTALL)
         if is_mounted(mnt):
             u = fusermount(mnt)
             gone = wait_for(lambda: not is_mounted(mnt))

@@ -304,3 +304,14 @@ def test_xattr_sources(sample, mount, src_tp, tp, rel):
     m = mount(src, [f"tp={tp}"])
     got = _xattr_paths(os.getxattr(m.mnt / rel, "user.reshardfs.sources"))
     assert got == want, (got, want)
+
+
+@pytest.mark.parametrize("opts", [["cache_size=1M"],
+                                  ["cache_size=1M", "cache_compress=lz4"]],
+                         ids=["small-cache", "small-cache-lz4"])
+def test_small_cache(sample, mount, opts):
+    """A cache far smaller than the data still serves every byte right."""
+    src = sample(1)
+    exp = ExpectedView(src, 8)
+    m = mount(src, ["tp=8"] + opts)
+    assert_tree_equals_oracle(m.mnt, exp)
