@@ -79,6 +79,8 @@ def build_model(tp, seed):
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=1,
         use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
         perform_initialization=True,
         params_dtype=torch.float32,
         bf16=False,
@@ -104,7 +106,56 @@ def build_model(tp, seed):
     return model
 
 
-def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
+def optimizer_sharded_state_dict(model, model_sharded_sd, seed):
+    """AdamW state after one training step, as Megatron's FP32Optimizer
+    (non-distributed optimizer) lays it out in a checkpoint:
+    'optimizer.state.exp_avg.<param key>', 'optimizer.state.exp_avg_sq.<param key>',
+    param_groups and the common step as common (non-sharded) state.
+
+    megatron.core's FP32Optimizer/DDP wrappers allocate on 'cuda' in __init__,
+    so this mirrors FP32Optimizer.sharded_state_dict() on a plain torch AdamW.
+    """
+    import torch
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    import contextlib
+    from megatron.core import tensor_parallel
+
+    # attention dropout runs under get_cuda_rng_tracker().fork(); the tracker
+    # cannot be seeded without CUDA (model_parallel_cuda_manual_seed calls
+    # torch.cuda.manual_seed), so make fork() a no-op (dropout is 0 anyway).
+    if not torch.cuda.is_available():
+        tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    # one real forward/backward step on random tokens
+    g = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, 1000, (2, 16), generator=g)
+    pos = torch.arange(16).unsqueeze(0).expand(2, -1)
+    labels = torch.randint(0, 1000, (2, 16), generator=g)
+    # explicit CPU causal mask (True = masked); the default one is built on 'cuda'
+    mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)[None, None]
+    loss = model(tokens, pos, attention_mask=mask, labels=labels).float().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+    state_dict = opt.state_dict()
+    id_map = get_param_id_to_sharded_param_map(model_sharded_sd, params)
+    step = None
+    for st in state_dict["state"].values():
+        step = st.get("step", step)
+    optim_state_to_sharding_state(state_dict, id_map, exclude_keys="step")
+    if step is not None:
+        state_dict["state"]["common_step"] = step
+    return state_dict, float(loss.detach())
+
+
+def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_optimizer=False):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -121,6 +172,13 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
 
     model = build_model(world_size, seed)
     sharded_sd = model.sharded_state_dict(prefix="")
+    if with_optimizer:
+        # step first (changes the weights), then rebuild the model part
+        opt_sd, loss = optimizer_sharded_state_dict(model, sharded_sd, seed)
+        sharded_sd = model.sharded_state_dict(prefix="")
+        if rank == 0:
+            print(f"one AdamW step done, loss={loss:.4f}", flush=True)
+        sharded_sd = {"model": sharded_sd, "optimizer": opt_sd}
 
     if backend == "zarr":
         strategy = ("zarr", 1)
@@ -141,7 +199,7 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
-        load_sd = model.sharded_state_dict(prefix="")
+        load_sd = model.sharded_state_dict(prefix="")  # model part only
         load_strategy = None  # torch_dist: default TorchDistLoadShardedStrategy
         if backend == "zarr":
             # default zarr *load* strategy is tensorstore-based; use the
@@ -150,7 +208,11 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed):
                 ZarrLoadShardedStrategy,
             )
             load_strategy = ZarrLoadShardedStrategy()
-        loaded = dist_checkpointing.load(load_sd, outdir, sharded_strategy=load_strategy)
+        if with_optimizer:
+            loaded = dist_checkpointing.load({"model": load_sd}, outdir,
+                                             sharded_strategy=load_strategy)["model"]
+        else:
+            loaded = dist_checkpointing.load(load_sd, outdir, sharded_strategy=load_strategy)
         model.load_state_dict(loaded, strict=False)
         bad = [k for k, v in model.state_dict().items()
                if k in ref and isinstance(v, torch.Tensor) and not torch.equal(v, ref[k])]
@@ -173,6 +235,8 @@ def main(argv=None):
     ap.add_argument("--verify-load", action="store_true",
                     help="load the checkpoint back with dist_checkpointing.load and compare")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--with-optimizer", action="store_true",
+                    help="take one AdamW step and also save the optimizer state")
     args = ap.parse_args(argv)
 
     outdir = os.path.abspath(args.outdir)
@@ -182,7 +246,8 @@ def main(argv=None):
     import torch.multiprocessing as mp
 
     port = _free_port()
-    mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed),
+    mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed,
+                               args.with_optimizer),
              nprocs=args.tp, join=True)
 
 
