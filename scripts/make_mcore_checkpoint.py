@@ -3,7 +3,8 @@
 
 Usage:
     python make_mcore_checkpoint.py OUTDIR [--tp T] [--backend zarr|torch_dist]
-                                   [--verify-load] [--seed S]
+                                   [--verify-load] [--with-optimizer] [--seed S]
+    python make_mcore_checkpoint.py DUMP --tp T --load-from CKPT
 
 Spawns T processes (torch.multiprocessing), joins them with torch.distributed
 over gloo on 127.0.0.1, builds a tiny GPTModel (2 layers, hidden 64, ffn 128,
@@ -226,6 +227,37 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_opt
     dist.destroy_process_group()
 
 
+def _load_worker(rank, world_size, port, ckpt, dump, seed):
+    """Builds the model at tp=world_size, loads `ckpt` (zarr) into it with
+    megatron's own loader and writes each rank's tensors to dump.<rank>.npz."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    _cpu_workarounds()
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.strategies.zarr import (
+        ZarrLoadShardedStrategy,
+    )
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    model = build_model(world_size, seed + 1)  # different init: must be overwritten
+    loaded = dist_checkpointing.load(model.sharded_state_dict(prefix=""), ckpt,
+                                     sharded_strategy=ZarrLoadShardedStrategy())
+    model.load_state_dict(loaded, strict=False)
+    arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
+              if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    np.savez(f"{dump}.{rank}.npz", **arrays)
+    dist.barrier()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,13 +269,23 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--with-optimizer", action="store_true",
                     help="take one AdamW step and also save the optimizer state")
+    ap.add_argument("--load-from", metavar="CKPT",
+                    help="instead of saving: load the zarr checkpoint CKPT into a "
+                         "model at --tp and write each rank's tensors to "
+                         "OUTDIR.<rank>.npz")
     args = ap.parse_args(argv)
+
+    import torch.multiprocessing as mp
+
+    if args.load_from:
+        mp.spawn(_load_worker, args=(args.tp, _free_port(), os.path.abspath(args.load_from),
+                                     os.path.abspath(args.outdir), args.seed),
+                 nprocs=args.tp, join=True)
+        return 0
 
     outdir = os.path.abspath(args.outdir)
     if os.path.exists(outdir) and os.listdir(outdir):
         ap.error(f"{outdir} exists and is not empty")
-
-    import torch.multiprocessing as mp
 
     port = _free_port()
     mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed,
