@@ -1,5 +1,7 @@
 #include "formats/json_text.h"
 
+#include "planner/array.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -100,15 +102,8 @@ typedef struct {
 
 static bool put(strbuf *b, const char *s, size_t n)
 {
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = (b->len + n + 1) * 2;
-		char *p = realloc(b->buf, cap);
-
-		if (!p)
-			return false;
-		b->buf = p;
-		b->cap = cap;
-	}
+	if (rs_array_reserve(&b->buf, &b->cap, b->len + n + 1, 1))
+		return false;
 	memcpy(b->buf + b->len, s, n);
 	b->len += n;
 	b->buf[b->len] = 0;

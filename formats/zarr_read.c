@@ -1,6 +1,8 @@
 /* zarr reader: SOURCE directory -> catalog, source table and entries. */
 #include "formats/zarr.h"
 
+#include "planner/array.h"
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -25,15 +27,11 @@ static int add_entry(rs_checkpoint *ck, const char *name, long parent,
 {
 	rs_entry *e;
 
-	if (ck->nentries == ck->cap_entries) {
-		size_t cap = ck->cap_entries ? ck->cap_entries * 2 : 64;
-		rs_entry *grown = realloc(ck->entries, cap * sizeof(*grown));
+	int err = rs_array_reserve(&ck->entries, &ck->cap_entries,
+				   ck->nentries + 1, sizeof(rs_entry));
 
-		if (!grown)
-			return -ENOMEM;
-		ck->entries = grown;
-		ck->cap_entries = cap;
-	}
+	if (err)
+		return err;
 	e = &ck->entries[ck->nentries];
 	e->name = strdup(name);
 	if (!e->name)
@@ -216,17 +214,9 @@ static int list_dir(int dirfd, char ***names, size_t *count)
 	while ((errno = 0, de = readdir(dir))) {
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		if (n == cap) {
-			char **g;
-
-			cap = cap ? cap * 2 : 32;
-			g = realloc(v, cap * sizeof(*g));
-			if (!g) {
-				err = -ENOMEM;
-				goto out;
-			}
-			v = g;
-		}
+		err = rs_array_reserve(&v, &cap, n + 1, sizeof(*v));
+		if (err)
+			goto out;
 		v[n] = strdup(de->d_name);
 		if (!v[n]) {
 			err = -ENOMEM;
@@ -492,17 +482,10 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 	free_names(names, nnames);
 	free(seen);
 
-	if (ck->narrays == ck->cap_arrays) {
-		size_t cap = ck->cap_arrays ? ck->cap_arrays * 2 : 64;
-		rs_zarr_array *g = realloc(ck->arrays, cap * sizeof(*g));
-
-		if (!g) {
-			err = -ENOMEM;
-			goto fail_text;
-		}
-		ck->arrays = g;
-		ck->cap_arrays = cap;
-	}
+	err = rs_array_reserve(&ck->arrays, &ck->cap_arrays, ck->narrays + 1,
+			       sizeof(rs_zarr_array));
+	if (err)
+		goto fail_text;
 	ck->arrays[ck->narrays++] = arr;
 	return bad;
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fs/fs.h"
+#include "planner/array.h"
 
 /* xattr values are limited to 64 KiB by the kernel. */
 #define XATTR_MAX (64u << 10)
@@ -79,16 +80,9 @@ static void put_line(text *t, const char *path, uint64_t off, uint64_t len,
 		t->overflow = true;
 		return;
 	}
-	if (t->len + (size_t)n > t->cap) {
-		size_t cap = (t->len + (size_t)n) * 2;
-		char *g = realloc(t->buf, cap);
-
-		if (!g) {
-			t->overflow = true;
-			return;
-		}
-		t->buf = g;
-		t->cap = cap;
+	if (rs_array_reserve(&t->buf, &t->cap, t->len + (size_t)n, 1)) {
+		t->overflow = true;
+		return;
 	}
 	memcpy(t->buf + t->len, line, (size_t)n);
 	t->len += (size_t)n;

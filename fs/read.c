@@ -14,6 +14,7 @@
 
 #include "fs/fs.h"
 #include "fs/log.h"
+#include "planner/array.h"
 
 static const uint8_t zeros[RS_MAX_READ];
 
@@ -50,17 +51,12 @@ static int add_mem(reply *r, const void *p, size_t len)
 
 static int hold_block(reply *r, rs_block *blk)
 {
-	if (r->nblocks == r->cap_blocks) {
-		size_t cap = r->cap_blocks ? r->cap_blocks * 2 : 4;
-		rs_block **g = realloc(r->blocks, cap * sizeof(*g));
+	int err = rs_array_reserve(&r->blocks, &r->cap_blocks, r->nblocks + 1,
+				   sizeof(blk));
 
-		if (!g)
-			return -ENOMEM;
-		r->blocks = g;
-		r->cap_blocks = cap;
-	}
-	r->blocks[r->nblocks++] = blk;
-	return 0;
+	if (!err)
+		r->blocks[r->nblocks++] = blk;
+	return err;
 }
 
 typedef struct {

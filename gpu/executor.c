@@ -2,6 +2,8 @@
  * a backend belongs in this file. */
 #include "gpu/executor.h"
 
+#include "planner/array.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -97,17 +99,12 @@ int rs_executor_run(rs_executor *ex, rs_exec_job *job)
 
 static int add_piece(rs_exec_job *job, size_t *cap, rs_exec_piece p)
 {
-	if (job->npieces == *cap) {
-		size_t n = *cap ? *cap * 2 : 16;
-		rs_exec_piece *g = realloc(job->pieces, n * sizeof(*g));
+	int err = rs_array_reserve(&job->pieces, cap, job->npieces + 1,
+				   sizeof(p));
 
-		if (!g)
-			return -ENOMEM;
-		job->pieces = g;
-		*cap = n;
-	}
-	job->pieces[job->npieces++] = p;
-	return 0;
+	if (!err)
+		job->pieces[job->npieces++] = p;
+	return err;
 }
 
 int rs_exec_job_split(rs_exec_job *job, uint64_t max_bytes)

@@ -1,5 +1,7 @@
 #include "planner/catalog.h"
 
+#include "planner/array.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,15 +51,11 @@ int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
 	if (nchunks > (1u << 24))
 		return -E2BIG;
 
-	if (c->count == c->cap) {
-		size_t cap = c->cap ? c->cap * 2 : 64;
-		rs_tensor *grown = realloc(c->tensors, cap * sizeof(*grown));
-
-		if (!grown)
-			return -ENOMEM;
-		c->tensors = grown;
-		c->cap = cap;
-	}
+	err = rs_array_reserve(&c->tensors, &c->cap, c->count + 1,
+			       sizeof(rs_tensor));
+	if (err)
+		return err;
+	err = -ENOMEM;
 	t.name = strdup(name);
 	if (!t.name)
 		goto fail;

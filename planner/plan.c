@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include "planner/array.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,8 @@ void rs_plan_free(rs_plan *p)
  * it into the previous op when it continues it on both sides. */
 static int push(rs_plan *p, rs_copy_op op)
 {
+	int err;
+
 	if (op.count > 1 && op.src_stride == op.len && op.dst_stride == op.len) {
 		op.len *= op.count;
 		op.count = 1;
@@ -38,18 +42,11 @@ static int push(rs_plan *p, rs_copy_op op)
 			return 0;
 		}
 	}
-	if (p->count == p->cap) {
-		size_t cap = p->cap ? p->cap * 2 : 8;
-		rs_copy_op *grown;
-
-		if (cap > RS_PLAN_MAX_OPS)
-			return -E2BIG;
-		grown = realloc(p->ops, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		p->ops = grown;
-		p->cap = cap;
-	}
+	if (p->count == RS_PLAN_MAX_OPS)
+		return -E2BIG;
+	err = rs_array_reserve(&p->ops, &p->cap, p->count + 1, sizeof(op));
+	if (err)
+		return err;
 	p->ops[p->count++] = op;
 	return 0;
 }

@@ -1,5 +1,7 @@
 #include "planner/source.h"
 
+#include "planner/array.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -18,7 +20,8 @@ typedef struct {
 struct rs_sources {
 	int root;
 	source_file *files;
-	uint32_t count, cap;
+	uint32_t count;
+	size_t cap;
 	pthread_mutex_t open_lock; /* serialises first opens only */
 	_Atomic uint64_t bytes_read;
 };
@@ -113,18 +116,14 @@ int rs_sources_add(rs_sources *s, const char *relpath, const rs_file_id *id,
 {
 	source_file *f;
 
-	if (s->count == s->cap) {
-		uint32_t cap = s->cap ? s->cap * 2 : 256;
-		source_file *grown;
+	int err;
 
-		if (cap < s->cap)
-			return -E2BIG;
-		grown = realloc(s->files, (size_t)cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		s->files = grown;
-		s->cap = cap;
-	}
+	if (s->count == UINT32_MAX)
+		return -E2BIG;
+	err = rs_array_reserve(&s->files, &s->cap, (size_t)s->count + 1,
+			       sizeof(source_file));
+	if (err)
+		return err;
 	f = &s->files[s->count];
 	f->path = strdup(relpath);
 	if (!f->path)

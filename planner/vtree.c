@@ -4,23 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Grows *arr (of *cap elements of `size` bytes) to hold one more. */
-static int grow(void **arr, uint32_t *cap, uint32_t count, size_t size)
-{
-	void *p;
-	uint32_t n;
+#include "planner/array.h"
 
-	if (count < *cap)
-		return 0;
-	n = *cap ? *cap * 2 : 4;
-	if (n < *cap)
+/* Room for one more element in an array indexed by uint32_t. */
+static int grow(void *arr, size_t *cap, uint32_t count, size_t size)
+{
+	if (count == UINT32_MAX)
 		return -E2BIG;
-	p = realloc(*arr, (size_t)n * size);
-	if (!p)
-		return -ENOMEM;
-	*arr = p;
-	*cap = n;
-	return 0;
+	return rs_array_reserve(arr, cap, (size_t)count + 1, size);
 }
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime)
@@ -81,10 +72,10 @@ static int add_node(rs_vtree *t, uint32_t parent, const char *name,
 
 	if (rs_vtree_lookup(t, parent, name, &dummy) == 0)
 		return -EEXIST;
-	err = grow((void **)&t->nodes, &t->cap, t->count, sizeof(rs_vnode));
+	err = grow(&t->nodes, &t->cap, t->count, sizeof(rs_vnode));
 	if (err)
 		return err;
-	err = grow((void **)&t->nodes[parent].children,
+	err = grow(&t->nodes[parent].children,
 		   &t->nodes[parent].cap_children, t->nodes[parent].nchildren,
 		   sizeof(uint32_t));
 	if (err)
@@ -130,7 +121,7 @@ static int note_source(rs_vnode *n, uint32_t source)
 		else
 			hi = mid;
 	}
-	err = grow((void **)&n->sources, &n->cap_sources, n->nsources,
+	err = grow(&n->sources, &n->cap_sources, n->nsources,
 		   sizeof(uint32_t));
 	if (err)
 		return err;
@@ -150,7 +141,7 @@ static int append(rs_vtree *t, uint32_t file, rs_segment seg)
 		return 0;
 	if (!rs_add_u64(n->size, seg.length, &seg.offset))
 		return -EOVERFLOW;
-	err = grow((void **)&n->segs, &n->cap_segs, n->nsegs,
+	err = grow(&n->segs, &n->cap_segs, n->nsegs,
 		   sizeof(rs_segment));
 	if (err)
 		return err;
@@ -220,15 +211,11 @@ int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out)
 {
 	rs_chunk *c;
 
-	if (t->nchunks == t->cap_chunks) {
-		uint64_t cap = t->cap_chunks ? t->cap_chunks * 2 : 64;
-		rs_chunk **grown = realloc(t->chunks, cap * sizeof(*grown));
+	int err = rs_array_reserve(&t->chunks, &t->cap_chunks,
+				   t->nchunks + 1, sizeof(*t->chunks));
 
-		if (!grown)
-			return -ENOMEM;
-		t->chunks = grown;
-		t->cap_chunks = cap;
-	}
+	if (err)
+		return err;
 	c = malloc(sizeof(*c));
 	if (!c)
 		return -ENOMEM;

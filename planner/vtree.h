@@ -55,19 +55,23 @@ typedef struct {
 	struct timespec mtime;
 	/* directories */
 	uint32_t *children;
-	uint32_t nchildren, cap_children;
+	uint32_t nchildren;
+	size_t cap_children;
 	/* files */
 	rs_segment *segs;
-	uint32_t nsegs, cap_segs;
+	uint32_t nsegs;
+	size_t cap_segs;
 	uint32_t *sources;      /* distinct source files read, sorted */
-	uint32_t nsources, cap_sources;
+	uint32_t nsources;
+	size_t cap_sources;
 } rs_vnode;
 
 typedef struct {
 	rs_vnode *nodes;
-	uint32_t count, cap;
+	uint32_t count;
+	size_t cap;
 	rs_chunk **chunks;
-	uint64_t nchunks, cap_chunks;
+	size_t nchunks, cap_chunks;
 } rs_vtree;
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime);
