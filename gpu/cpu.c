@@ -137,6 +137,9 @@ static long claim(cpu_pool *pool, rs_exec_job *job)
 
 static void run_piece(rs_exec_job *job, size_t i)
 {
+	/* Read before finishing: once the last piece is counted, the job may
+	 * be freed by its owner. */
+	size_t total = job->npieces;
 	int err = exec_piece(job, &job->pieces[i]);
 
 	if (err) {
@@ -144,7 +147,7 @@ static void run_piece(rs_exec_job *job, size_t i)
 
 		atomic_compare_exchange_strong(&job->status, &zero, err);
 	}
-	if (atomic_fetch_add(&job->finished, 1) + 1 == job->npieces) {
+	if (atomic_fetch_add(&job->finished, 1) + 1 == total) {
 		int status = atomic_load(&job->status);
 
 		rs_exec_job_release(job);

@@ -114,6 +114,7 @@ int rs_exec_job_split(rs_exec_job *job, uint64_t max_bytes)
 
 	job->pieces = NULL;
 	job->npieces = 0;
+	atomic_store(&job->next_piece, 0);
 	for (size_t i = 0; i < job->nops && !err; i++) {
 		const rs_copy_op *op = &job->ops[i];
 
@@ -134,9 +135,10 @@ int rs_exec_job_split(rs_exec_job *job, uint64_t max_bytes)
 			err = add_piece(job, &cap, p);
 		}
 	}
-	if (err)
+	if (err) {
 		rs_exec_job_release(job);
-	atomic_store(&job->next_piece, 0);
+		job->npieces = 0;
+	}
 	atomic_store(&job->finished, 0);
 	atomic_store(&job->status, 0);
 	return err;
@@ -144,7 +146,8 @@ int rs_exec_job_split(rs_exec_job *job, uint64_t max_bytes)
 
 void rs_exec_job_release(rs_exec_job *job)
 {
+	/* npieces stays: a helper thread may still compare next_piece with it
+	 * (finding nothing left to claim). */
 	free(job->pieces);
 	job->pieces = NULL;
-	job->npieces = 0;
 }

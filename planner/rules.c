@@ -83,14 +83,12 @@ static const char *strip_prefix(const char *s, const char *prefix)
 
 const char *rs_rules_base_name(const char *key)
 {
-	static const char opt[] = "optimizer.state.";
-	const char *s = key;
+	const char *s = strip_prefix(key, "optimizer.state.");
 
-	if (strncmp(s, opt, sizeof(opt) - 1) == 0) {
-		const char *dot = strchr(s + sizeof(opt) - 1, '.');
+	if (s != key) {
+		const char *dot = strchr(s, '.');   /* past "<state>." */
 
-		if (dot)
-			s = dot + 1;
+		s = dot ? dot + 1 : key;
 	}
 	return strip_prefix(s, "model.");
 }
