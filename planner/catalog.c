@@ -105,8 +105,8 @@ void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
 
 		f->box.off[i] = off;
 		f->box.len[i] = (end > t->shape[i] ? t->shape[i] : end) - off;
-		f->stored[i] = t->grid[i];
 	}
+	rs_c_strides(t->grid, t->ndim, f->stride);
 	f->source = source;
 	f->offset = offset;
 }

@@ -1,10 +1,11 @@
 /* catalog: the logical tensors of a checkpoint and where their bytes live.
  *
  * A tensor has a name, a dtype, a global shape and fragments.  A fragment is
- * a global box whose elements are stored, C order, at a byte offset in one
- * source file, laid out with the (possibly larger) stored extents `stored`:
- * a zarr edge chunk stores a full chunk even though only part of it is inside
- * the tensor.  Fragments of one tensor never overlap.
+ * a global box whose elements live in one source file: element box.off is at
+ * byte `offset`, and a step of one along axis i moves `stride[i]` elements.
+ * A zarr chunk is C order over the full chunk extents (an edge chunk stores
+ * more than the part inside the tensor); a torch.save tensor may have any
+ * strides.  Fragments of one tensor never overlap.
  *
  * When the fragments form a regular grid (chunk size `grid[i]` along every
  * axis, fragment g at linear grid index g), `regular` is set, and planning a
@@ -25,7 +26,7 @@
 
 typedef struct {
 	rs_box box;                     /* global region held (inside shape) */
-	uint64_t stored[RS_MAX_DIMS];   /* stored extents, >= box.len */
+	uint64_t stride[RS_MAX_DIMS];   /* element strides in the source */
 	uint32_t source;                /* index into the rs_sources table */
 	uint64_t offset;                /* byte offset of element box.off */
 } rs_fragment;
@@ -68,7 +69,7 @@ int rs_catalog_set_origin(rs_catalog *c, size_t index, const char *origin);
 uint64_t rs_tensor_grid_index(const rs_tensor *t, const uint64_t *idx);
 
 /* Fills the fragment of grid cell `idx`: its box is the cell clipped to the
- * shape, stored extents are the full chunk. */
+ * shape, laid out C order over the full chunk extents. */
 void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
 			  uint64_t offset);
 

@@ -66,14 +66,24 @@ static int plan_fragment(const rs_tensor *t, const rs_fragment *f,
 		rs_copy_op op = { f->source, f->offset, 0, e, 1, e, e };
 		return push(out, op);
 	}
-	rs_c_strides(f->stored, n, sst);
+	memcpy(sst, f->stride, sizeof(sst));
 	rs_c_strides(dst_extent, n, dst);
 
-	/* Inner axes covered whole on both sides are one contiguous run. */
+	/* A row is a contiguous run on both sides: the innermost axis, widened
+	 * over outer axes for as long as each slab is whole on both sides.  A
+	 * source whose innermost stride is not 1 moves one element per row. */
 	k = n - 1;
+	if (sst[k] != 1) {
+		run = 1;
+		cdim = k;
+		count = in->len[k];
+		sstride = sst[k] * e;
+		dstride = dst[k] * e;
+		goto emit;
+	}
 	run = in->len[k];
-	while (k > 0 && in->len[k] == f->stored[k] &&
-	       in->len[k] == dst_extent[k]) {
+	while (k > 0 && in->len[k] * sst[k] == sst[k - 1] &&
+	       in->len[k] * dst[k] == dst[k - 1]) {
 		k--;
 		run *= in->len[k];
 	}
@@ -84,6 +94,7 @@ static int plan_fragment(const rs_tensor *t, const rs_fragment *f,
 		dstride = dst[cdim] * e;
 	}
 
+emit:
 	/* Axes outside the row axis are enumerated one op per position. */
 	for (;;) {
 		uint64_t so = 0, dof = 0;
