@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "formats/dcp.h"
 #include "formats/zarr.h"
 
 #define RS_METADATA_MAX_BYTES (1u << 20)
@@ -18,6 +19,8 @@ const char *rs_format_name(rs_format f)
 	switch (f) {
 	case RS_FORMAT_ZARR:
 		return "zarr";
+	case RS_FORMAT_TORCH_DIST:
+		return "torch_dist";
 	}
 	return "unknown";
 }
@@ -35,7 +38,15 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 	int err = -EINVAL;
 
 	if (fd < 0) {
-		rs_diag_add(d, "%s: not a Megatron dist checkpoint (no readable metadata.json)",
+		struct stat dst;
+
+		/* A plain PyTorch DCP directory has .metadata only. */
+		if (fstatat(rs_sources_root_fd(ck->sources), ".metadata", &dst,
+			    AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(dst.st_mode)) {
+			ck->format = RS_FORMAT_TORCH_DIST;
+			return 0;
+		}
+		rs_diag_add(d, "%s: not a checkpoint (no readable metadata.json or .metadata)",
 			    ck->root_path);
 		return -EINVAL;
 	}
@@ -64,8 +75,11 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 	if (strcmp(backend->valuestring, "zarr") == 0) {
 		ck->format = RS_FORMAT_ZARR;
 		err = 0;
+	} else if (strcmp(backend->valuestring, "torch_dist") == 0) {
+		ck->format = RS_FORMAT_TORCH_DIST;
+		err = 0;
 	} else {
-		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (zarr is)",
+		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (zarr and torch_dist are)",
 			    ck->root_path, backend->valuestring);
 	}
 out_json:
@@ -109,7 +123,8 @@ int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d)
 	err = detect_format(ck, d);
 	if (err)
 		goto fail;
-	err = rs_zarr_read(ck, d);
+	err = ck->format == RS_FORMAT_ZARR ? rs_zarr_read(ck, d)
+					   : rs_dcp_read(ck, d);
 	if (err)
 		goto fail;
 	return 0;
@@ -126,6 +141,9 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	for (size_t i = 0; i < ck->narrays; i++)
 		free(ck->arrays[i].zarray_text);
 	free(ck->arrays);
+	for (size_t i = 0; i < ck->nblobs; i++)
+		free(ck->blobs[i].fqn);
+	free(ck->blobs);
 	rs_catalog_free(&ck->catalog);
 	rs_sources_free(ck->sources);
 	free(ck->root_path);

@@ -27,6 +27,7 @@
 
 typedef enum {
 	RS_FORMAT_ZARR = 1,
+	RS_FORMAT_TORCH_DIST,
 } rs_format;
 
 /* A file or directory copied into the view unchanged.  `parent` is the
@@ -38,6 +39,7 @@ typedef struct {
 	bool is_dir;
 	uint32_t source;        /* files: index in the source table */
 	struct timespec mtime;
+	bool hidden;            /* replaced by what the view writes */
 } rs_entry;
 
 /* A zarr array: a directory with a .zarray, chunk files and perhaps other
@@ -50,6 +52,15 @@ typedef struct {
 	size_t zarray_len;
 } rs_zarr_array;
 
+/* An opaque byte item of a torch_dist checkpoint (a ShardedObject,
+ * `<key>/shard_<offsets>_<shape>`): bytes [offset, offset+length) of a
+ * source file, carried into any view unchanged. */
+typedef struct {
+	char *fqn;
+	uint32_t source;
+	uint64_t offset, length;
+} rs_blob;
+
 typedef struct {
 	rs_format format;
 	char *root_path;
@@ -60,6 +71,8 @@ typedef struct {
 	size_t nentries, cap_entries;
 	rs_zarr_array *arrays;
 	size_t narrays, cap_arrays;
+	rs_blob *blobs;
+	size_t nblobs, cap_blobs;
 } rs_checkpoint;
 
 int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d);

@@ -40,6 +40,7 @@ static int add_entry(rs_checkpoint *ck, const char *name, long parent,
 	e->is_dir = is_dir;
 	e->source = source;
 	e->mtime = st->st_mtim;
+	e->hidden = false;
 	if (index)
 		*index = (long)ck->nentries;
 	ck->nentries++;

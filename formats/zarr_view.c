@@ -58,29 +58,68 @@ static int view_stored(rs_vtree *t, const rs_checkpoint *ck,
 	return err;
 }
 
-/* An array on a new grid: rewritten .zarray, one planned file per chunk. */
-static int view_resharded(rs_vtree *t, const rs_checkpoint *ck,
-			  const rs_zarr_array *arr, const rs_target *tg,
-			  uint32_t dir, rs_diag *d)
+/* A .zarray as zarr-python writes it: json.dumps(indent=4, sort_keys=True). */
+static char *zarray_text(const rs_tensor *ten, const uint64_t *shape,
+			 const uint64_t *chunk, size_t *len)
 {
-	const rs_tensor *ten = &ck->catalog.tensors[arr->tensor];
+	char lists[2][RS_MAX_DIMS * 30 + 16];
+	const uint64_t *v[2] = { chunk, shape };
+	char *out = NULL;
+	int n;
+
+	for (int k = 0; k < 2; k++) {
+		size_t at = 0;
+
+		if (ten->ndim == 0) {
+			snprintf(lists[k], sizeof(lists[k]), "[]");
+			continue;
+		}
+		at += (size_t)snprintf(lists[k], sizeof(lists[k]), "[");
+		for (int i = 0; i < ten->ndim; i++)
+			at += (size_t)snprintf(lists[k] + at, sizeof(lists[k]) - at,
+					       "%s\n        %llu", i ? "," : "",
+					       (unsigned long long)v[k][i]);
+		snprintf(lists[k] + at, sizeof(lists[k]) - at, "\n    ]");
+	}
+	n = asprintf(&out,
+		     "{\n    \"chunks\": %s,\n    \"compressor\": null,\n"
+		     "    \"dtype\": \"%s\",\n    \"fill_value\": null,\n"
+		     "    \"filters\": null,\n    \"order\": \"C\",\n"
+		     "    \"shape\": %s,\n    \"zarr_format\": 2\n}",
+		     lists[0], rs_dtype_zarr_name(ten->dtype), lists[1]);
+	if (n < 0)
+		return NULL;
+	*len = (size_t)n;
+	return out;
+}
+
+/* An array on the target grid: its .zarray (the stored text with new
+ * "shape" and "chunks" when there is one, else written anew) and one
+ * planned file per chunk. */
+static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
+			const rs_tensor *ten, const rs_zarr_array *arr,
+			const uint64_t *shape, const uint64_t *chunk,
+			struct timespec mtime, uint32_t dir, rs_diag *d)
+{
 	const char *keys[2] = { "shape", "chunks" };
-	const uint64_t *values[2] = { tg->shape, tg->chunk };
+	const uint64_t *values[2] = { shape, chunk };
 	const int counts[2] = { ten->ndim, ten->ndim };
-	struct timespec mtime = source_mtime(ck, arr->zarray_source);
 	uint64_t count[RS_MAX_DIMS], idx[RS_MAX_DIMS] = { 0 }, bytes;
 	char *text = NULL;
 	size_t len;
 	uint32_t file;
 	int err;
 
-	if (!rs_product(tg->chunk, ten->ndim, &bytes) ||
+	if (!rs_product(chunk, ten->ndim, &bytes) ||
 	    !rs_mul_u64(bytes, rs_dtype_size(ten->dtype), &bytes)) {
 		rs_diag_add(d, "%s: target chunk size overflows", ten->name);
 		return -EINVAL;
 	}
-	err = rs_json_replace_lists(arr->zarray_text, arr->zarray_len, keys,
-				    values, counts, 2, &text, &len);
+	if (arr)
+		err = rs_json_replace_lists(arr->zarray_text, arr->zarray_len,
+					    keys, values, counts, 2, &text, &len);
+	else
+		err = (text = zarray_text(ten, shape, chunk, &len)) ? 0 : -ENOMEM;
 	if (err) {
 		rs_diag_add(d, "%s/%s/.zarray: cannot rewrite \"shape\"/\"chunks\"",
 			    ck->root_path, ten->name);
@@ -94,8 +133,7 @@ static int view_resharded(rs_vtree *t, const rs_checkpoint *ck,
 		return err;
 
 	for (int i = 0; i < ten->ndim; i++) {
-		count[i] = tg->shape[i] / tg->chunk[i] +
-			   (tg->shape[i] % tg->chunk[i] != 0);
+		count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
 		if (count[i] == 0)
 			return 0; /* empty array: no chunk files */
 	}
@@ -105,17 +143,16 @@ static int view_resharded(rs_vtree *t, const rs_checkpoint *ck,
 		rs_plan plan;
 
 		for (int i = 0; i < ten->ndim; i++) {
-			uint64_t end = (idx[i] + 1) * tg->chunk[i];
+			uint64_t end = (idx[i] + 1) * chunk[i];
 
-			box.off[i] = idx[i] * tg->chunk[i];
-			box.len[i] = (end > tg->shape[i] ? tg->shape[i] : end) -
-				     box.off[i];
+			box.off[i] = idx[i] * chunk[i];
+			box.len[i] = (end > shape[i] ? shape[i] : end) - box.off[i];
 		}
 		rs_zarr_chunk_name(idx, ten->ndim, name, sizeof(name));
 		err = rs_vtree_add_file(t, dir, name, mtime, &file);
 		if (err)
 			return err;
-		err = rs_plan_box(ten, &box, tg->chunk, &plan);
+		err = rs_plan_box(ten, &box, chunk, &plan);
 		if (!err)
 			err = rs_vtree_append_plan(t, file, &plan);
 		if (err)
@@ -128,6 +165,82 @@ static int view_resharded(rs_vtree *t, const rs_checkpoint *ck,
 		if (i < 0)
 			return 0;
 	}
+}
+
+/* The directory `name` under `parent`, made if it is not there yet. */
+static int dir_at(rs_vtree *t, uint32_t parent, const char *name,
+		  struct timespec mtime, uint32_t *dir)
+{
+	if (rs_vtree_lookup(t, parent, name, dir) == 0)
+		return t->nodes[*dir].is_dir ? 0 : -EEXIST;
+	return rs_vtree_add_dir(t, parent, name, mtime, dir);
+}
+
+/* Tensors of a source that has no zarr arrays (torch_dist): one array
+ * directory each, named by its key. */
+static int view_catalog(rs_vtree *t, const rs_checkpoint *ck,
+			const rs_layout *l, rs_diag *d)
+{
+	for (size_t i = 0; i < ck->catalog.count; i++) {
+		const rs_tensor *ten = &ck->catalog.tensors[i];
+		const rs_target *tg = &l->targets[i];
+		uint64_t chunk[RS_MAX_DIMS];
+		uint32_t dir;
+		int err;
+
+		if (!rs_name_is_safe(ten->name)) {
+			rs_diag_add(d, "%s: tensor name \"%s\" cannot be a directory name",
+				    ck->root_path, ten->name);
+			return -EINVAL;
+		}
+		/* zarr needs a regular grid: an irregular tensor is one chunk. */
+		for (int k = 0; k < ten->ndim; k++)
+			chunk[k] = ten->regular ? tg->chunk[k]
+						: (tg->shape[k] ? tg->shape[k] : 1);
+		err = dir_at(t, 0, ten->name, ck->root_mtime, &dir);
+		if (!err)
+			err = view_planned(t, ck, ten, NULL, tg->shape, chunk,
+					   ck->root_mtime, dir, d);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* Byte items: `<key>/shard_<offsets>_<shape>` becomes the file
+ * `<key>/shard_<offsets>_<shape>.pt`, as the zarr backend stores them. */
+static int view_blobs(rs_vtree *t, const rs_checkpoint *ck, rs_diag *d)
+{
+	for (size_t i = 0; i < ck->nblobs; i++) {
+		const rs_blob *b = &ck->blobs[i];
+		char path[4096], *slash;
+		uint32_t dir = 0, file;
+		int err;
+
+		if (snprintf(path, sizeof(path), "%s.pt", b->fqn) >= (int)sizeof(path))
+			return -ENAMETOOLONG;
+		slash = strchr(path, '/');
+		if (slash) {
+			*slash = 0;
+			if (strchr(slash + 1, '/') || !rs_name_is_safe(path) ||
+			    !rs_name_is_safe(slash + 1)) {
+				rs_diag_add(d, "%s: byte item \"%s\" cannot be a file path",
+					    ck->root_path, b->fqn);
+				return -EINVAL;
+			}
+			err = dir_at(t, 0, path, ck->root_mtime, &dir);
+			if (err)
+				return err;
+		}
+		err = rs_vtree_add_file(t, dir, slash ? slash + 1 : path,
+					ck->root_mtime, &file);
+		if (!err)
+			err = rs_vtree_append_source(t, file, b->source, b->offset,
+						     b->length);
+		if (err)
+			return err;
+	}
+	return 0;
 }
 
 int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
@@ -149,6 +262,22 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		const rs_entry *e = &ck->entries[i];
 		uint32_t parent = e->parent < 0 ? 0 : node[e->parent];
 
+		if (e->hidden)
+			continue;
+		if (!e->is_dir && e->parent < 0 && ck->format != RS_FORMAT_ZARR &&
+		    strcmp(e->name, "metadata.json") == 0) {
+			/* The view is a zarr checkpoint whatever the source. */
+			static const char zarr_meta[] =
+				"{\"sharded_backend\": \"zarr\", \"sharded_backend_version\": 1, "
+				"\"common_backend\": \"torch\", \"common_backend_version\": 1}";
+
+			err = rs_vtree_add_file(t, parent, e->name, e->mtime,
+						&node[i]);
+			if (!err)
+				err = rs_vtree_append_literal(t, node[i], zarr_meta,
+							      sizeof(zarr_meta) - 1);
+			continue;
+		}
 		if (!e->is_dir) {
 			err = rs_vtree_add_file(t, parent, e->name, e->mtime,
 						&node[i]);
@@ -166,10 +295,17 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			const rs_target *tg = &l->targets[arr->tensor];
 
 			err = tg->changed
-				? view_resharded(t, ck, arr, tg, node[i], d)
+				? view_planned(t, ck, &ck->catalog.tensors[arr->tensor],
+					       arr, tg->shape, tg->chunk,
+					       source_mtime(ck, arr->zarray_source),
+					       node[i], d)
 				: view_stored(t, ck, arr, node[i]);
 		}
 	}
+	if (!err && ck->format != RS_FORMAT_ZARR)
+		err = view_catalog(t, ck, l, d);
+	if (!err)
+		err = view_blobs(t, ck, d);
 out:
 	free(array_of);
 	free(node);

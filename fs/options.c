@@ -19,6 +19,7 @@ static const struct fuse_opt rs_opt_spec[] = {
 	OPT("rules=%s", rules),
 	OPT("cache_size=%s", cache_size_s),
 	OPT("cache_compress=%s", cache_compress_s),
+	OPT("format=%s", format_s),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -41,6 +42,8 @@ void rs_options_help(void)
 	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
 	       "    -o cache_size=SIZE     block cache budget: bytes, or K/M/G/T (default 1G;\n"
 	       "                           at least 1M)\n"
+	       "    -o format=zarr         layout of the view: zarr (the default, for zarr and\n"
+	       "                           torch_dist sources alike)\n"
 	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
 	       "                           none (default): keep every cached block raw\n"
 	       "\n");
@@ -160,6 +163,11 @@ int rs_options_validate(rs_options *o)
 			o->cache_size = v;
 		}
 	}
+	if (o->format_s && strcmp(o->format_s, "zarr") != 0) {
+		fprintf(stderr, "reshardfs: -o format=%s: must be zarr (torch_dist views are not built yet)\n",
+			o->format_s);
+		bad = -1;
+	}
 	if (o->cache_compress_s) {
 		if (strcmp(o->cache_compress_s, "lz4") == 0) {
 			o->cache_compress = true;
@@ -185,5 +193,6 @@ void rs_options_free(rs_options *o)
 	free(o->vocab_divisor_s);
 	free(o->cache_size_s);
 	free(o->cache_compress_s);
+	free(o->format_s);
 	memset(o, 0, sizeof(*o));
 }

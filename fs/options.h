@@ -23,7 +23,7 @@ typedef struct {
 	bool show_version;
 	/* raw option strings, validated by rs_options_validate */
 	char *tp_s, *pp_s, *src_tp_s, *vocab_size_s, *vocab_divisor_s;
-	char *cache_size_s, *cache_compress_s;
+	char *cache_size_s, *cache_compress_s, *format_s;
 } rs_options;
 
 /* Parses and removes reshardfs's own options and SOURCE from args; the

@@ -61,6 +61,20 @@ int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
 			   int ndim, const uint64_t *shape,
 			   const uint64_t *chunk, size_t *index);
 
+/* Appends a tensor with `nfrags` zeroed fragments the caller fills in any
+ * order (then rs_tensor_make_regular may find their grid).  `name` is
+ * copied.  -EOVERFLOW when the byte size of the shape overflows. */
+int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
+			     int ndim, const uint64_t *shape, size_t nfrags,
+			     size_t *index);
+
+/* When the fragments tile the shape as a regular grid (the fragment at the
+ * origin gives the chunk extents; every other one sits on that grid, cut
+ * only by the shape's end, once each), orders them by grid index and sets
+ * `regular`.  Returns true if so; otherwise leaves the tensor unchanged.
+ * Fragments that overlap or leave holes are never regular. */
+bool rs_tensor_make_regular(rs_tensor *t);
+
 /* Records the file that defines tensor `index` (copied), so problems with
  * it can name the file.  Returns 0 or -ENOMEM. */
 int rs_catalog_set_origin(rs_catalog *c, size_t index, const char *origin);

@@ -44,6 +44,14 @@ rs_dtype rs_dtype_from_zarr(const char *s)
 	return RS_DTYPE_INVALID;
 }
 
+const char *rs_dtype_zarr_name(rs_dtype t)
+{
+	for (size_t i = 0; i < N_DTYPES; i++)
+		if (dtypes[i].type == t)
+			return dtypes[i].zarr;
+	return NULL;
+}
+
 const char *rs_dtype_name(rs_dtype t)
 {
 	for (size_t i = 0; i < N_DTYPES; i++)

@@ -29,5 +29,7 @@ unsigned rs_dtype_size(rs_dtype t);
  * spellings give RS_DTYPE_INVALID. */
 rs_dtype rs_dtype_from_zarr(const char *s);
 const char *rs_dtype_name(rs_dtype t);
+/* The zarr v2 spelling of t ("<f4", "bfloat16"), or NULL. */
+const char *rs_dtype_zarr_name(rs_dtype t);
 
 #endif

@@ -228,7 +228,7 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_opt
 
 
 def _load_worker(rank, world_size, port, ckpt, dump, seed):
-    """Builds the model at tp=world_size, loads `ckpt` (zarr) into it with
+    """Builds the model at tp=world_size, loads `ckpt` (zarr or torch_dist) into it with
     megatron's own loader and writes each rank's tensors to dump.<rank>.npz."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -247,8 +247,14 @@ def _load_worker(rank, world_size, port, ckpt, dump, seed):
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
     model = build_model(world_size, seed + 1)  # different init: must be overwritten
+    import json
+    with open(os.path.join(ckpt, "metadata.json")) as f:
+        backend = json.load(f)["sharded_backend"]
+    # zarr: the zarr-python strategy (the default one needs tensorstore);
+    # torch_dist: megatron's default.
+    strategy = ZarrLoadShardedStrategy() if backend == "zarr" else None
     loaded = dist_checkpointing.load(model.sharded_state_dict(prefix=""), ckpt,
-                                     sharded_strategy=ZarrLoadShardedStrategy())
+                                     sharded_strategy=strategy)
     model.load_state_dict(loaded, strict=False)
     arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
               if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}

@@ -172,6 +172,7 @@ def test_uneven_split(ckpt, failing_mount):
     ("tp=-2", "tp"),
     ("cache_size=12Q", "cache_size"),
     ("vocab_size=abc", "vocab_size"),
+    ("format=hdf5", "format"),
 ])
 def test_bad_option(sample, failing_mount, opt, needle):
     src = sample(1)

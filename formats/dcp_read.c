@@ -1,0 +1,516 @@
+/* torch_dist reader: .metadata + .distcp items -> catalog, blobs, entries. */
+#include "formats/dcp.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "formats/pickle.h"
+#include "formats/torchzip.h"
+#include "formats/zarr.h"
+#include "planner/array.h"
+
+/* A .metadata of a 1 TB checkpoint is tens of MB; data.pkl of one tensor is
+ * a few hundred bytes. */
+#define RS_DCP_METADATA_MAX (256u << 20)
+#define RS_DCP_DATAPKL_MAX (1u << 20)
+
+/* Where one stored item lives (from storage_data). */
+typedef struct {
+	const char *fqn;
+	int noff;               /* -1: a byte item (offset None) */
+	uint64_t off[RS_MAX_DIMS];
+	const char *path;
+	uint64_t offset, length;
+} item_ref;
+
+typedef struct {
+	rs_checkpoint *ck;
+	rs_diag *d;
+	char meta_path[4200];   /* "<root>/.metadata", for messages */
+	item_ref *items;
+	size_t nitems, cap_items;
+} reader;
+
+static const struct {
+	const char *torch;      /* "torch.<name>" dtype global */
+	const char *storage;    /* legacy typed storage class */
+	rs_dtype dtype;
+} dtypes[] = {
+	{ "float32", "FloatStorage", RS_DTYPE_F32 },
+	{ "bfloat16", "BFloat16Storage", RS_DTYPE_BF16 },
+	{ "float16", "HalfStorage", RS_DTYPE_F16 },
+	{ "float64", "DoubleStorage", RS_DTYPE_F64 },
+	{ "int8", "CharStorage", RS_DTYPE_I8 },
+	{ "uint8", "ByteStorage", RS_DTYPE_U8 },
+	{ "int16", "ShortStorage", RS_DTYPE_I16 },
+	{ "int32", "IntStorage", RS_DTYPE_I32 },
+	{ "int64", "LongStorage", RS_DTYPE_I64 },
+	{ "bool", "BoolStorage", RS_DTYPE_BOOL },
+};
+#define N_DTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
+
+static rs_dtype dtype_of_global(const rs_pvalue *g, bool storage)
+{
+	const char *mod = rs_pv_global_module(g), *name = rs_pv_global_name(g);
+
+	if (!mod || !name || strcmp(mod, "torch") != 0)
+		return RS_DTYPE_INVALID;
+	for (size_t i = 0; i < N_DTYPES; i++)
+		if (strcmp(name, storage ? dtypes[i].storage : dtypes[i].torch) == 0)
+			return dtypes[i].dtype;
+	return RS_DTYPE_INVALID;
+}
+
+static bool get_u64(const rs_pvalue *v, uint64_t *out)
+{
+	int64_t i;
+
+	if (rs_pv_int(v, &i) != 0 || i < 0)
+		return false;
+	*out = (uint64_t)i;
+	return true;
+}
+
+/* torch.Size((a, b, ...)) or a plain tuple/list of non-negative ints. */
+static bool get_dims(const rs_pvalue *v, uint64_t *out, int *n)
+{
+	const rs_pvalue *t = v;
+
+	if (rs_pv_kind(v) == RS_PV_REDUCE) {
+		if (!rs_pv_call_is(v, "torch.Size"))
+			return false;
+		t = rs_pv_item(rs_pv_args(v), 0);
+	}
+	if (rs_pv_kind(t) != RS_PV_TUPLE && rs_pv_kind(t) != RS_PV_LIST)
+		return false;
+	if (rs_pv_len(t) > RS_MAX_DIMS)
+		return false;
+	*n = (int)rs_pv_len(t);
+	for (int i = 0; i < *n; i++)
+		if (!get_u64(rs_pv_item(t, (size_t)i), &out[i]))
+			return false;
+	return true;
+}
+
+static int cmp_item(const void *a, const void *b)
+{
+	const item_ref *x = a, *y = b;
+	int c = strcmp(x->fqn, y->fqn);
+
+	if (c)
+		return c;
+	if (x->noff != y->noff)
+		return x->noff < y->noff ? -1 : 1;
+	for (int i = 0; i < x->noff; i++)
+		if (x->off[i] != y->off[i])
+			return x->off[i] < y->off[i] ? -1 : 1;
+	return 0;
+}
+
+/* storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo(
+ * relative_path, offset, length)} -> items sorted for lookup. */
+static int read_storage(reader *r, const rs_pvalue *storage)
+{
+	size_t n = rs_pv_len(storage);
+	int err;
+
+	if (rs_pv_kind(storage) != RS_PV_DICT) {
+		rs_diag_add(r->d, "%s: storage_data is not a dict", r->meta_path);
+		return -EINVAL;
+	}
+	err = rs_array_reserve(&r->items, &r->cap_items, n, sizeof(item_ref));
+	if (err)
+		return err;
+	for (size_t i = 0; i < n; i++) {
+		const rs_pvalue *k = rs_pv_state(rs_pv_key(storage, i));
+		const rs_pvalue *v = rs_pv_state(rs_pv_val(storage, i));
+		const rs_pvalue *off = rs_pv_get(k, "offset");
+		item_ref *it = &r->items[r->nitems];
+
+		it->fqn = rs_pv_str(rs_pv_get(k, "fqn"), NULL);
+		it->path = rs_pv_str(rs_pv_get(v, "relative_path"), NULL);
+		it->noff = -1;
+		if (!it->fqn || !it->path ||
+		    !get_u64(rs_pv_get(v, "offset"), &it->offset) ||
+		    !get_u64(rs_pv_get(v, "length"), &it->length) ||
+		    (rs_pv_kind(off) != RS_PV_NONE && off &&
+		     !get_dims(off, it->off, &it->noff))) {
+			rs_diag_add(r->d, "%s: storage_data entry %zu is malformed",
+				    r->meta_path, i);
+			return -EINVAL;
+		}
+		if (!rs_name_is_safe(it->path)) {
+			rs_diag_add(r->d, "%s: storage_data of %s names \"%s\", not a plain file name in the checkpoint",
+				    r->meta_path, it->fqn, it->path);
+			return -EINVAL;
+		}
+		r->nitems++;
+	}
+	qsort(r->items, r->nitems, sizeof(item_ref), cmp_item);
+	return 0;
+}
+
+static const item_ref *find_item(const reader *r, const char *fqn, int noff,
+				 const uint64_t *off)
+{
+	item_ref key = { .fqn = fqn, .noff = noff };
+
+	if (noff > 0)
+		memcpy(key.off, off, (size_t)noff * sizeof(uint64_t));
+	return bsearch(&key, r->items, r->nitems, sizeof(item_ref), cmp_item);
+}
+
+/* The root-level passthrough entry (a file of SOURCE) named `name`. */
+static long root_file(const rs_checkpoint *ck, const char *name)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, name) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* The item's bytes must lie inside its file. */
+static int locate(reader *r, const item_ref *it, const char *fqn,
+		  uint32_t *source)
+{
+	long e = root_file(r->ck, it->path);
+	uint64_t end;
+
+	if (e < 0) {
+		rs_diag_add(r->d, "%s/%s: missing (it holds %s)", r->ck->root_path,
+			    it->path, fqn);
+		return -EINVAL;
+	}
+	*source = r->ck->entries[e].source;
+	if (!rs_add_u64(it->offset, it->length, &end) ||
+	    end > rs_sources_id(r->ck->sources, *source)->size) {
+		rs_diag_add(r->d, "%s/%s: item of %s at %llu+%llu lies past the end of the file",
+			    r->ck->root_path, it->path, fqn,
+			    (unsigned long long)it->offset,
+			    (unsigned long long)it->length);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* One tensor chunk: its torch.save zip gives the fragment. */
+static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
+		      const item_ref *it)
+{
+	char msg[RS_ZIP_MSG_SIZE], perr[200], where[4400];
+	const rs_zip_entry *pkl, *data;
+	const rs_pvalue *root, *args, *pid;
+	rs_pickle_limits lim;
+	rs_pickle *pk = NULL;
+	rs_zip z = { 0 };
+	uint8_t *buf = NULL;
+	uint64_t e = rs_dtype_size(t->dtype), soff, numel, size[RS_MAX_DIMS];
+	uint64_t stride[RS_MAX_DIMS], last, bytes;
+	int fd, n1 = 0, n2 = 0, err;
+	uint32_t src;
+	char record[64];
+	const char *key;
+
+	err = locate(r, it, t->name, &src);
+	if (err)
+		return err;
+	snprintf(where, sizeof(where), "%s/%s: item of %s at offset %llu",
+		 r->ck->root_path, it->path, t->name,
+		 (unsigned long long)it->offset);
+	err = rs_sources_fd(r->ck->sources, src, &fd);
+	if (err) {
+		rs_diag_add(r->d, "%s: cannot open: %s", where, strerror(-err));
+		return -EINVAL;
+	}
+	err = rs_zip_open(&z, fd, it->offset, it->length, msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(r->d, "%s: %s", where, msg);
+		goto fail;
+	}
+	pkl = rs_zip_find(&z, "data.pkl");
+	if (!pkl || pkl->size > RS_DCP_DATAPKL_MAX ||
+	    !(buf = malloc(pkl->size ? pkl->size : 1)) ||
+	    pread(fd, buf, pkl->size, (off_t)(it->offset + pkl->offset)) !=
+		    (ssize_t)pkl->size) {
+		rs_diag_add(r->d, "%s: no readable data.pkl", where);
+		goto fail;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_pickle_allow_torch;
+	err = rs_pickle_parse(buf, pkl->size, &lim, &pk, perr, sizeof(perr));
+	if (err) {
+		rs_diag_add(r->d, "%s: data.pkl: %s", where, perr);
+		goto fail;
+	}
+	root = rs_pickle_root(pk);
+	if (rs_pv_call_is(root, "torch._utils._rebuild_parameter"))
+		root = rs_pv_item(rs_pv_args(root), 0);
+	args = rs_pv_args(root);
+	pid = rs_pv_persid(rs_pv_item(args, 0));
+	key = rs_pv_str(rs_pv_item(pid, 2), NULL);
+	if (!rs_pv_call_is(root, "torch._utils._rebuild_tensor_v2") ||
+	    !rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
+	    !get_u64(rs_pv_item(pid, 4), &numel) ||
+	    !get_u64(rs_pv_item(args, 1), &soff) ||
+	    !get_dims(rs_pv_item(args, 2), size, &n1) ||
+	    !get_dims(rs_pv_item(args, 3), stride, &n2)) {
+		rs_diag_add(r->d, "%s: data.pkl is not one torch tensor", where);
+		goto fail;
+	}
+	if (dtype_of_global(rs_pv_item(pid, 1), true) != t->dtype &&
+	    !rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage")) {
+		rs_diag_add(r->d, "%s: stored as %s, but .metadata says %s", where,
+			    rs_pv_global_name(rs_pv_item(pid, 1)) ?
+				    rs_pv_global_name(rs_pv_item(pid, 1)) : "?",
+			    rs_dtype_name(t->dtype));
+		goto fail;
+	}
+	if (n1 != t->ndim || n2 != t->ndim ||
+	    memcmp(size, f->box.len, (size_t)n1 * sizeof(uint64_t)) != 0) {
+		rs_diag_add(r->d, "%s: tensor shape differs from the chunk's in .metadata",
+			    where);
+		goto fail;
+	}
+	snprintf(record, sizeof(record), "data/%s", key);
+	data = rs_zip_find(&z, record);
+	/* The last element reached must be inside the storage, and the
+	 * storage inside its zip entry. */
+	last = soff;
+	for (int i = 0; i < n1; i++) {
+		uint64_t step;
+
+		if (size[i] == 0) {
+			last = soff;
+			break;
+		}
+		if (!rs_mul_u64(size[i] - 1, stride[i], &step) ||
+		    !rs_add_u64(last, step, &last))
+			last = UINT64_MAX;
+	}
+	if (!data || !rs_mul_u64(numel, e, &bytes) || bytes > data->size ||
+	    last >= numel) {
+		rs_diag_add(r->d, "%s: tensor elements lie outside their storage",
+			    where);
+		goto fail;
+	}
+	f->source = src;
+	f->offset = it->offset + data->offset + soff * e;
+	memcpy(f->stride, stride, sizeof(stride));
+	err = 0;
+	goto out;
+fail:
+	err = -EINVAL;
+out:
+	rs_pickle_free(pk);
+	free(buf);
+	rs_zip_free(&z);
+	return err;
+}
+
+static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
+{
+	const rs_pvalue *chunks = rs_pv_get(meta, "chunks");
+	const rs_pvalue *props = rs_pv_state(rs_pv_get(meta, "properties"));
+	uint64_t shape[RS_MAX_DIMS];
+	int ndim = 0, err = 0;
+	size_t index;
+	rs_dtype dtype;
+	rs_tensor *t;
+
+	/* TensorProperties pickles its state as a tuple (dtype, layout, ...);
+	 * older torch used a dict. */
+	dtype = dtype_of_global(rs_pv_kind(props) == RS_PV_TUPLE
+					? rs_pv_item(props, 0)
+					: rs_pv_get(props, "dtype"),
+				false);
+	if (dtype == RS_DTYPE_INVALID || !get_dims(rs_pv_get(meta, "size"), shape, &ndim) ||
+	    rs_pv_kind(chunks) != RS_PV_LIST) {
+		rs_diag_add(r->d, "%s: %s: unsupported dtype or malformed size/chunks",
+			    r->meta_path, fqn);
+		return -EINVAL;
+	}
+	err = rs_catalog_add_fragments(&r->ck->catalog, fqn, dtype, ndim, shape,
+				       rs_pv_len(chunks), &index);
+	if (err) {
+		rs_diag_add(r->d, "%s: %s: shape or chunk count too large",
+			    r->meta_path, fqn);
+		return -EINVAL;
+	}
+	rs_catalog_set_origin(&r->ck->catalog, index, r->meta_path);
+	t = &r->ck->catalog.tensors[index];
+	for (size_t c = 0; c < t->nfrags; c++) {
+		const rs_pvalue *cs = rs_pv_state(rs_pv_item(chunks, c));
+		rs_fragment *f = &t->frags[c];
+		int no = 0, ns = 0;
+		const item_ref *it;
+
+		f->box.ndim = ndim;
+		if (!get_dims(rs_pv_get(cs, "offsets"), f->box.off, &no) ||
+		    !get_dims(rs_pv_get(cs, "sizes"), f->box.len, &ns) ||
+		    no != ndim || ns != ndim) {
+			rs_diag_add(r->d, "%s: %s: chunk %zu is malformed or of another rank (mcore flattened_range items are not supported)",
+				    r->meta_path, fqn, c);
+			return -EINVAL;
+		}
+		for (int i = 0; i < ndim; i++)
+			if (f->box.off[i] > shape[i] ||
+			    f->box.len[i] > shape[i] - f->box.off[i]) {
+				rs_diag_add(r->d, "%s: %s: chunk %zu lies outside the tensor",
+					    r->meta_path, fqn, c);
+				return -EINVAL;
+			}
+		it = find_item(r, fqn, ndim, f->box.off);
+		if (!it) {
+			rs_diag_add(r->d, "%s: %s: chunk %zu has no storage_data entry",
+				    r->meta_path, fqn, c);
+			return -EINVAL;
+		}
+		err = read_chunk(r, t, f, it);
+		if (err)
+			return err;
+	}
+	/* Only a regular grid can be resharded; others keep their fragments
+	 * and are served as they are. */
+	rs_tensor_make_regular(t);
+	return 0;
+}
+
+static int read_blob(reader *r, const char *fqn)
+{
+	const item_ref *it = find_item(r, fqn, -1, NULL);
+	rs_blob *b;
+	uint32_t src;
+	int err;
+
+	if (!it) {
+		rs_diag_add(r->d, "%s: %s: byte item has no storage_data entry",
+			    r->meta_path, fqn);
+		return -EINVAL;
+	}
+	err = locate(r, it, fqn, &src);
+	if (err)
+		return err;
+	err = rs_array_reserve(&r->ck->blobs, &r->ck->cap_blobs,
+			       r->ck->nblobs + 1, sizeof(rs_blob));
+	if (err)
+		return err;
+	b = &r->ck->blobs[r->ck->nblobs];
+	b->fqn = strdup(fqn);
+	if (!b->fqn)
+		return -ENOMEM;
+	b->source = src;
+	b->offset = it->offset;
+	b->length = it->length;
+	r->ck->nblobs++;
+	return 0;
+}
+
+static int read_metadata(reader *r, uint8_t **buf, size_t *len)
+{
+	long e = root_file(r->ck, ".metadata");
+	uint64_t size;
+	int fd;
+
+	if (e < 0) {
+		rs_diag_add(r->d, "%s: missing", r->meta_path);
+		return -EINVAL;
+	}
+	size = rs_sources_id(r->ck->sources, r->ck->entries[e].source)->size;
+	if (size > RS_DCP_METADATA_MAX ||
+	    rs_sources_fd(r->ck->sources, r->ck->entries[e].source, &fd) != 0 ||
+	    !(*buf = malloc(size ? size : 1)) ||
+	    pread(fd, *buf, size, 0) != (ssize_t)size) {
+		rs_diag_add(r->d, "%s: unreadable, or larger than %u bytes",
+			    r->meta_path, RS_DCP_METADATA_MAX);
+		return -EINVAL;
+	}
+	*len = size;
+	return 0;
+}
+
+/* .metadata and the .distcp files are replaced by what a view writes. */
+static void hide_dcp_files(rs_checkpoint *ck)
+{
+	for (size_t i = 0; i < ck->nentries; i++) {
+		const char *n = ck->entries[i].name;
+		size_t len = strlen(n);
+
+		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
+		    (strcmp(n, ".metadata") == 0 ||
+		     (len > 7 && strcmp(n + len - 7, ".distcp") == 0)))
+			ck->entries[i].hidden = true;
+	}
+}
+
+int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
+{
+	reader r = { .ck = ck, .d = d };
+	rs_pickle_limits lim;
+	rs_pickle *pk = NULL;
+	const rs_pvalue *state, *sdm;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	char perr[200];
+	int err;
+
+	snprintf(r.meta_path, sizeof(r.meta_path), "%s/.metadata", ck->root_path);
+	/* Everything in SOURCE as entries first: .distcp files are found
+	 * (and their identity recorded) there. */
+	err = rs_zarr_read(ck, d);
+	if (err)
+		return err;
+	if (ck->narrays) {
+		rs_diag_add(d, "%s: a torch_dist checkpoint with zarr arrays in it",
+			    ck->root_path);
+		return -EINVAL;
+	}
+	err = read_metadata(&r, &buf, &len);
+	if (err)
+		goto out;
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_pickle_allow_torch;
+	err = rs_pickle_parse(buf, len, &lim, &pk, perr, sizeof(perr));
+	if (err) {
+		rs_diag_add(d, "%s: %s", r.meta_path, perr);
+		err = -EINVAL;
+		goto out;
+	}
+	state = rs_pv_state(rs_pickle_root(pk));
+	sdm = rs_pv_get(state, "state_dict_metadata");
+	if (rs_pv_kind(sdm) != RS_PV_DICT) {
+		rs_diag_add(d, "%s: not a DCP Metadata object", r.meta_path);
+		err = -EINVAL;
+		goto out;
+	}
+	err = read_storage(&r, rs_pv_get(state, "storage_data"));
+	for (size_t i = 0; i < rs_pv_len(sdm) && !err; i++) {
+		const char *fqn = rs_pv_str(rs_pv_key(sdm, i), NULL);
+		const rs_pvalue *meta = rs_pv_val(sdm, i);
+
+		if (!fqn) {
+			rs_diag_add(d, "%s: a state_dict_metadata key is not a string",
+				    r.meta_path);
+			err = -EINVAL;
+		} else if (rs_pv_kind(meta) == RS_PV_OBJECT &&
+			   rs_pv_global_name(rs_pv_func(meta)) &&
+			   strcmp(rs_pv_global_name(rs_pv_func(meta)),
+				  "BytesStorageMetadata") == 0) {
+			/* Classes are matched by name: torch moved them
+			 * between modules across versions. */
+			err = read_blob(&r, fqn);
+		} else {
+			err = read_tensor(&r, fqn, rs_pv_state(meta));
+		}
+	}
+	if (!err)
+		hide_dcp_files(ck);
+out:
+	free(r.items);
+	rs_pickle_free(pk);
+	free(buf);
+	return err;
+}
