@@ -123,8 +123,13 @@ int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d)
 	err = detect_format(ck, d);
 	if (err)
 		goto fail;
-	err = ck->format == RS_FORMAT_ZARR ? rs_zarr_read(ck, d)
-					   : rs_dcp_read(ck, d);
+	if (ck->format == RS_FORMAT_ZARR) {
+		err = rs_zarr_read(ck, d);
+		if (!err)
+			err = rs_zarr_collect_blobs(ck);
+	} else {
+		err = rs_dcp_read(ck, d);
+	}
 	if (err)
 		goto fail;
 	return 0;
@@ -150,12 +155,26 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	memset(ck, 0, sizeof(*ck));
 }
 
-int rs_checkpoint_build_view(const rs_checkpoint *ck, const rs_layout *l,
-			     rs_vtree *t, rs_diag *d)
+int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
+			     const rs_layout *l, rs_vtree *t, rs_diag *d)
 {
 	int err = rs_vtree_init(t, ck->root_mtime);
 
-	if (!err)
-		err = rs_zarr_build_view(ck, l, t, d);
-	return err;
+	if (err)
+		return err;
+	if (view == 0)
+		view = ck->format;
+	return view == RS_FORMAT_ZARR ? rs_zarr_build_view(ck, l, t, d)
+				      : rs_dcp_build_view(ck, l, t, d);
+}
+
+int rs_format_parse(const char *name, rs_format *out)
+{
+	if (strcmp(name, "zarr") == 0)
+		*out = RS_FORMAT_ZARR;
+	else if (strcmp(name, "torch_dist") == 0)
+		*out = RS_FORMAT_TORCH_DIST;
+	else
+		return -EINVAL;
+	return 0;
 }

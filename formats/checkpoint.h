@@ -40,6 +40,7 @@ typedef struct {
 	uint32_t source;        /* files: index in the source table */
 	struct timespec mtime;
 	bool hidden;            /* replaced by what the view writes */
+	bool blob;              /* also listed as a byte item (rs_blob) */
 } rs_entry;
 
 /* A zarr array: a directory with a .zarray, chunk files and perhaps other
@@ -59,6 +60,7 @@ typedef struct {
 	char *fqn;
 	uint32_t source;
 	uint64_t offset, length;
+	bool listed;            /* torch_dist's [object], not the bare object */
 } rs_blob;
 
 typedef struct {
@@ -78,10 +80,13 @@ typedef struct {
 int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d);
 void rs_checkpoint_close(rs_checkpoint *ck);
 
-int rs_checkpoint_build_view(const rs_checkpoint *ck, const rs_layout *l,
-			     rs_vtree *t, rs_diag *d);
+/* Builds the view in format `view` (0: the source's own format). */
+int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
+			     const rs_layout *l, rs_vtree *t, rs_diag *d);
 
-/* Name of the format, for logs and stats. */
+/* Name of the format, for logs and stats; and back ("zarr",
+ * "torch_dist"), -EINVAL for an unknown name. */
 const char *rs_format_name(rs_format f);
+int rs_format_parse(const char *name, rs_format *out);
 
 #endif

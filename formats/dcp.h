@@ -25,4 +25,9 @@
 /* Reads SOURCE (already opened into ck->sources) into ck. */
 int rs_dcp_read(rs_checkpoint *ck, rs_diag *d);
 
+/* Builds the torch_dist view of any checkpoint (see dcp_view.c for what it
+ * holds and who owns which chunk). */
+int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
+		      rs_vtree *t, rs_diag *d);
+
 #endif

@@ -405,6 +405,7 @@ static int read_blob(reader *r, const char *fqn)
 	b->source = src;
 	b->offset = it->offset;
 	b->length = it->length;
+	b->listed = true;
 	r->ck->nblobs++;
 	return 0;
 }

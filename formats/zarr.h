@@ -21,6 +21,11 @@
 /* Walks SOURCE (already opened into ck->sources) and fills ck. */
 int rs_zarr_read(rs_checkpoint *ck, rs_diag *d);
 
+/* Lists a zarr checkpoint's ShardedObjects, `<key>/shard_<...>.pt` files,
+ * as the byte items `<key>/shard_<...>` other views carry (and marks their
+ * entries `blob`). */
+int rs_zarr_collect_blobs(rs_checkpoint *ck);
+
 /* Parses one .zarray text into a new catalog tensor named `name`. */
 int rs_zarr_parse_meta(const char *text, size_t len, const char *path,
 		       const char *name, rs_catalog *c, size_t *tensor,

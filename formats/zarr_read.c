@@ -41,6 +41,7 @@ static int add_entry(rs_checkpoint *ck, const char *name, long parent,
 	e->source = source;
 	e->mtime = st->st_mtim;
 	e->hidden = false;
+	e->blob = false;
 	if (index)
 		*index = (long)ck->nentries;
 	ck->nentries++;
@@ -570,4 +571,50 @@ static int walk(rs_checkpoint *ck, int dirfd, const char *relpath,
 int rs_zarr_read(rs_checkpoint *ck, rs_diag *d)
 {
 	return walk(ck, rs_sources_root_fd(ck->sources), "", -1, 0, d);
+}
+
+static bool is_shard_file(const char *name)
+{
+	size_t n = strlen(name);
+
+	return strncmp(name, "shard_", 6) == 0 && n > 9 &&
+	       strcmp(name + n - 3, ".pt") == 0;
+}
+
+int rs_zarr_collect_blobs(rs_checkpoint *ck)
+{
+	bool *array_dir = calloc(ck->nentries + 1, sizeof(bool));
+	int err = 0;
+
+	if (!array_dir)
+		return -ENOMEM;
+	for (size_t a = 0; a < ck->narrays; a++)
+		array_dir[ck->arrays[a].dir_entry] = true;
+	for (size_t i = 0; i < ck->nentries && !err; i++) {
+		rs_entry *e = &ck->entries[i];
+		const rs_entry *dir = e->parent >= 0 ? &ck->entries[e->parent] : NULL;
+		rs_blob *b;
+
+		if (e->is_dir || !dir || dir->parent >= 0 ||
+		    array_dir[e->parent] || !is_shard_file(e->name))
+			continue;
+		err = rs_array_reserve(&ck->blobs, &ck->cap_blobs,
+				       ck->nblobs + 1, sizeof(rs_blob));
+		if (err)
+			break;
+		b = &ck->blobs[ck->nblobs];
+		if (asprintf(&b->fqn, "%s/%.*s", dir->name,
+			     (int)(strlen(e->name) - 3), e->name) < 0) {
+			err = -ENOMEM;
+			break;
+		}
+		b->source = e->source;
+		b->offset = 0;
+		b->length = rs_sources_id(ck->sources, e->source)->size;
+		b->listed = false;
+		ck->nblobs++;
+		e->blob = true;
+	}
+	free(array_dir);
+	return err;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "formats/json_text.h"
+#include "formats/objects.h"
 
 void rs_zarr_chunk_name(const uint64_t *idx, int ndim, char *out, size_t size)
 {
@@ -232,11 +233,12 @@ static int view_blobs(rs_vtree *t, const rs_checkpoint *ck, rs_diag *d)
 			if (err)
 				return err;
 		}
+		uint64_t len;
+
 		err = rs_vtree_add_file(t, dir, slash ? slash + 1 : path,
 					ck->root_mtime, &file);
 		if (!err)
-			err = rs_vtree_append_source(t, file, b->source, b->offset,
-						     b->length);
+			err = rs_object_append(ck, b, false, t, file, &len, d);
 		if (err)
 			return err;
 	}
@@ -302,9 +304,11 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 				: view_stored(t, ck, arr, node[i]);
 		}
 	}
+	/* A zarr source's arrays and ShardedObject files came with its
+	 * entries; other sources' tensors and byte items are laid out here. */
 	if (!err && ck->format != RS_FORMAT_ZARR)
 		err = view_catalog(t, ck, l, d);
-	if (!err)
+	if (!err && ck->format != RS_FORMAT_ZARR)
 		err = view_blobs(t, ck, d);
 out:
 	free(array_of);

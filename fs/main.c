@@ -56,7 +56,8 @@ static int build(rs_fs *fs, const rs_options *o, bool debug)
 				&fs->layout, d);
 	if (err)
 		goto out_ck;
-	err = rs_checkpoint_build_view(&fs->ck, &fs->layout, &fs->tree, d);
+	err = rs_checkpoint_build_view(&fs->ck, (rs_format)o->view_format,
+				       &fs->layout, &fs->tree, d);
 	if (err)
 		goto out_layout;
 	err = rs_inodes_build(&fs->inodes, &fs->tree);

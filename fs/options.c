@@ -1,5 +1,7 @@
 #include "fs/options.h"
 
+#include "formats/checkpoint.h"
+
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -42,8 +44,8 @@ void rs_options_help(void)
 	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
 	       "    -o cache_size=SIZE     block cache budget: bytes, or K/M/G/T (default 1G;\n"
 	       "                           at least 1M)\n"
-	       "    -o format=zarr         layout of the view: zarr (the default, for zarr and\n"
-	       "                           torch_dist sources alike)\n"
+	       "    -o format=FMT          layout of the view: zarr or torch_dist\n"
+	       "                           (default: the source's own)\n"
 	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
 	       "                           none (default): keep every cached block raw\n"
 	       "\n");
@@ -163,10 +165,16 @@ int rs_options_validate(rs_options *o)
 			o->cache_size = v;
 		}
 	}
-	if (o->format_s && strcmp(o->format_s, "zarr") != 0) {
-		fprintf(stderr, "reshardfs: -o format=%s: must be zarr (torch_dist views are not built yet)\n",
-			o->format_s);
-		bad = -1;
+	if (o->format_s) {
+		rs_format f;
+
+		if (rs_format_parse(o->format_s, &f) != 0) {
+			fprintf(stderr, "reshardfs: -o format=%s: must be zarr or torch_dist\n",
+				o->format_s);
+			bad = -1;
+		} else {
+			o->view_format = (int)f;
+		}
 	}
 	if (o->cache_compress_s) {
 		if (strcmp(o->cache_compress_s, "lz4") == 0) {

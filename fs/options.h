@@ -19,6 +19,7 @@ typedef struct {
 	char *rules;            /* -o rules=FILE */
 	uint64_t cache_size;
 	bool cache_compress;
+	int view_format;        /* rs_format; 0: the source's own */
 	bool show_help;
 	bool show_version;
 	/* raw option strings, validated by rs_options_validate */

@@ -18,7 +18,8 @@ size TP (see shared/FORMATS.md sections 1-2):
 Data are deterministic for a given seed and do not depend on TP, so the same
 model saved at two TP sizes holds the same logical tensors (up to vocab
 padding).  Only numpy is needed; torch is used for ``.pt`` files if it is
-importable, otherwise they hold ``pickle.dumps`` bytes.
+importable, otherwise they are written in torch.save's zip container with
+zipfile and pickle.
 
 Usable as a script and as a module: ``make_checkpoint(outdir, tp, **kw)``.
 """
@@ -28,6 +29,7 @@ import itertools
 import json
 import os
 import pickle
+import zipfile
 import sys
 from pathlib import Path
 
@@ -81,9 +83,15 @@ def _save_pt(obj, path):
     if _HAVE_TORCH:
         import torch
         torch.save(obj, path)
-    else:
-        with open(path, "wb") as f:
-            f.write(pickle.dumps(obj))
+        return
+    # torch.save's container for an object holding no tensors: a zip of
+    # STORED records under one archive prefix, data.pkl at protocol 2
+    # (torch.load reads it; so does reshardfs when it re-wraps objects).
+    archive = os.path.splitext(os.path.basename(path))[0]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{archive}/data.pkl", pickle.dumps(obj, protocol=2))
+        z.writestr(f"{archive}/byteorder", "little")
+        z.writestr(f"{archive}/version", "3\n")
 
 
 def _write_text(path, text):

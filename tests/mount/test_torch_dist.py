@@ -1,4 +1,5 @@
-"""torch_dist (PyTorch DCP) sources through the mount, shown as zarr.
+"""torch_dist (PyTorch DCP) through the mount: torch_dist sources shown as
+zarr and as torch_dist at other TPs, and zarr sources shown as torch_dist.
 
 Sources are written by the real writers: megatron-core's
 dist_checkpointing.save (torch_dist backend, on CPU over gloo) and torch's
@@ -40,6 +41,7 @@ def run_py(*args, script=None):
 
 
 def dcp_oracle(src, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "oracle.npz"
     run_py(HERE / "dcp_dump.py", src, out)
     return dict(np.load(out))
@@ -85,7 +87,7 @@ def plain_dcp(tmp_path_factory):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_mcore_torch_dist_as_zarr(mcore_dist, mount, tmp_path, tp):
     want = dcp_oracle(mcore_dist, tmp_path)
-    m = mount(mcore_dist, [f"tp={tp}"])
+    m = mount(mcore_dist, [f"tp={tp}", "format=zarr"])
     names = set(os.listdir(m.mnt))
     assert set(want) <= names
     assert "common.pt" in names and ".metadata" not in names
@@ -104,7 +106,7 @@ def test_mcore_torch_dist_as_zarr(mcore_dist, mount, tmp_path, tp):
 
 
 def test_megatron_loads_zarr_view_of_torch_dist(mcore_dist, mount, tmp_path):
-    m = mount(mcore_dist, ["tp=1"])
+    m = mount(mcore_dist, ["tp=1", "format=zarr"])
     run_py(SCRIPT, tmp_path / "view", "--tp", 1, "--load-from", m.mnt)
     run_py(SCRIPT, tmp_path / "direct", "--tp", 1, "--load-from", mcore_dist)
     a = dict(np.load(f"{tmp_path}/view.0.npz"))
@@ -117,10 +119,69 @@ def test_megatron_loads_zarr_view_of_torch_dist(mcore_dist, mount, tmp_path):
 def test_plain_torch_dcp(plain_dcp, mount, tmp_path):
     """torch's own writer, no metadata.json, strided and 0-d tensors."""
     want = dcp_oracle(plain_dcp, tmp_path)
-    m = mount(plain_dcp, [])
+    m = mount(plain_dcp, ["format=zarr"])
     for key, arr in want.items():
         got = view_array(m.mnt / key)
         assert got.shape == arr.shape and np.array_equal(got, arr), key
+
+
+# ------------------------------------------------------- torch_dist views
+
+def _meta_json(mnt):
+    return json.loads((mnt / "metadata.json").read_text())["sharded_backend"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_torch_dist_view_of_torch_dist(mcore_dist, mount, tmp_path, tp):
+    """The default view of a torch_dist source is torch_dist: torch's own
+    FileSystemReader loads every tensor of it, equal to the source."""
+    want = dcp_oracle(mcore_dist, tmp_path / "src")
+    m = mount(mcore_dist, [f"tp={tp}"])
+    names = set(os.listdir(m.mnt))
+    assert names == {".metadata", "common.pt", "metadata.json"} | \
+        {f"__{r}_0.distcp" for r in range(tp)}
+    assert _meta_json(m.mnt) == "torch_dist"
+    got = dcp_oracle(m.mnt, tmp_path / "view")
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key
+
+
+def test_torch_dist_view_of_zarr(sample, mount, tmp_path):
+    """A zarr sample (bf16 params, fp32 states, gated fc1, padded vocab)
+    shown as torch_dist at tp=4, vocab re-padded: torch's DCP reader must
+    read exactly the oracle's arrays."""
+    from oracle import ExpectedView
+    src = sample(2)
+    exp = ExpectedView(src, 4)
+    m = mount(src, ["tp=4", "format=torch_dist"])
+    assert _meta_json(m.mnt) == "torch_dist"
+    got = dcp_oracle(m.mnt, tmp_path)
+    assert sorted(got) == sorted(exp.array_keys())
+    for key in exp.array_keys():
+        want = exp.full_array(key)
+        g = got[key]
+        assert g.shape == want.shape, key
+        assert np.array_equal(g.view(want.dtype) if g.dtype != want.dtype
+                              else g, want), key
+
+
+@pytest.mark.parametrize("backend", ["zarr", "torch_dist"])
+def test_megatron_loads_torch_dist_view(mount, tmp_path, tmp_path_factory,
+                                        backend):
+    """Megatron saves at tp=2 in either backend; through a tp=1 torch_dist
+    view its default loader gets what it gets from the source itself.
+    From zarr, ShardedObjects are re-wrapped as torch_dist stores them."""
+    src = tmp_path_factory.mktemp(f"mc_{backend}") / "iter_0000003"
+    run_py(SCRIPT, src, "--tp", 2, "--backend", backend, "--with-optimizer")
+    m = mount(src, ["tp=1", "format=torch_dist"])
+    run_py(SCRIPT, tmp_path / "view", "--tp", 1, "--load-from", m.mnt)
+    run_py(SCRIPT, tmp_path / "direct", "--tp", 1, "--load-from", src)
+    a = dict(np.load(f"{tmp_path}/view.0.npz"))
+    b = dict(np.load(f"{tmp_path}/direct.0.npz"))
+    assert sorted(a) == sorted(b) and len(b) >= 10
+    for key in b:
+        assert np.array_equal(a[key], b[key]), key
 
 
 # ---------------------------------------------------------- hostile input
