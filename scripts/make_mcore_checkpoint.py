@@ -8,7 +8,7 @@ Usage:
 
 Spawns T processes (torch.multiprocessing), joins them with torch.distributed
 over gloo on 127.0.0.1, builds a tiny GPTModel (2 layers, hidden 64, ffn 128,
-4 heads, 2 query groups (GQA), SwiGLU, RMSNorm, RoPE, vocab 1000 padded per
+8 heads, 4 query groups (GQA), SwiGLU, RMSNorm, RoPE, vocab 1000 padded per
 Megatron rules) at tensor-parallel size T with the local (non-TE) layer spec,
 and saves its sharded_state_dict with megatron.core.dist_checkpointing.save.
 
@@ -71,8 +71,8 @@ def build_model(tp, seed):
         num_layers=2,
         hidden_size=64,
         ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,  # GQA
+        num_attention_heads=8,
+        num_query_groups=4,  # GQA, and TP up to 4
         gated_linear_unit=True,  # SwiGLU
         activation_func=F.silu,
         normalization="RMSNorm",

@@ -53,15 +53,15 @@ def load_dumps(prefix, tp):
     return [dict(np.load(f"{prefix}.{r}.npz")) for r in range(tp)]
 
 
-# The tiny model has 2 query groups, so TP is at most 2.
-@pytest.mark.parametrize("src_tp,tp", [(2, 1), (1, 2)])
+# The tiny model has 4 query groups, so TP is at most 4.
+@pytest.mark.parametrize("src_tp,tp", [(2, 1), (1, 2), (2, 4)])
 def test_every_file_matches_oracle(mcore_ckpt, mount, src_tp, tp):
     src = mcore_ckpt(src_tp)
     m = mount(src, [f"tp={tp}"])
     assert_tree_equals_oracle(m.mnt, ExpectedView(src, tp))
 
 
-@pytest.mark.parametrize("src_tp,tp", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("src_tp,tp", [(2, 1), (1, 2), (2, 4)])
 def test_megatron_loads_view(mcore_ckpt, mount, tmp_path, src_tp, tp):
     src = mcore_ckpt(src_tp)
     m = mount(src, [f"tp={tp}"])

@@ -166,22 +166,25 @@ def test_torch_dist_view_of_zarr(sample, mount, tmp_path):
                               else g, want), key
 
 
-@pytest.mark.parametrize("backend", ["zarr", "torch_dist"])
+@pytest.mark.parametrize("backend,tp", [("zarr", 1), ("zarr", 4),
+                                        ("torch_dist", 4)])
 def test_megatron_loads_torch_dist_view(mount, tmp_path, tmp_path_factory,
-                                        backend):
-    """Megatron saves at tp=2 in either backend; through a tp=1 torch_dist
-    view its default loader gets what it gets from the source itself.
-    From zarr, ShardedObjects are re-wrapped as torch_dist stores them."""
+                                        backend, tp):
+    """Megatron saves at tp=2 in either backend; through a torch_dist view
+    at another TP its default loader (dist_checkpointing.load) gets, on
+    every rank, what it gets when it reshards the source itself.  From zarr,
+    ShardedObjects are re-wrapped as torch_dist stores them."""
     src = tmp_path_factory.mktemp(f"mc_{backend}") / "iter_0000003"
     run_py(SCRIPT, src, "--tp", 2, "--backend", backend, "--with-optimizer")
-    m = mount(src, ["tp=1", "format=torch_dist"])
-    run_py(SCRIPT, tmp_path / "view", "--tp", 1, "--load-from", m.mnt)
-    run_py(SCRIPT, tmp_path / "direct", "--tp", 1, "--load-from", src)
-    a = dict(np.load(f"{tmp_path}/view.0.npz"))
-    b = dict(np.load(f"{tmp_path}/direct.0.npz"))
-    assert sorted(a) == sorted(b) and len(b) >= 10
-    for key in b:
-        assert np.array_equal(a[key], b[key]), key
+    m = mount(src, [f"tp={tp}", "format=torch_dist"])
+    run_py(SCRIPT, tmp_path / "view", "--tp", tp, "--load-from", m.mnt)
+    run_py(SCRIPT, tmp_path / "direct", "--tp", tp, "--load-from", src)
+    for rank in range(tp):
+        a = dict(np.load(f"{tmp_path}/view.{rank}.npz"))
+        b = dict(np.load(f"{tmp_path}/direct.{rank}.npz"))
+        assert sorted(a) == sorted(b) and len(b) >= 10
+        for key in b:
+            assert np.array_equal(a[key], b[key]), (rank, key)
 
 
 # ---------------------------------------------------------- hostile input
