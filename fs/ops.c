@@ -320,19 +320,16 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	free(value);
 }
 
+/* user.reshardfs.sources is read by name and never listed: copy tools
+ * (cp -a, rsync -X, Python's shutil.copy2) copy every listed xattr, and a
+ * value of many KiB fails on ext4 and most other destinations with ENOSPC,
+ * which would make copying the view fail. */
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
-	rs_fs *fs = fs_of(req);
-	const rs_vnode *n = node_of(fs, ino);
-	static const char list[] = RS_XATTR_SOURCES;  /* with its NUL */
-	size_t len = (n && !n->is_dir) ? sizeof(list) : 0;
-
 	if (size == 0)
-		fuse_reply_xattr(req, len);
-	else if (size < len)
-		fuse_reply_err(req, ERANGE);
+		fuse_reply_xattr(req, 0);
 	else
-		fuse_reply_buf(req, list, len);
+		fuse_reply_buf(req, NULL, 0);
 }
 
 /* --- everything that would write: EROFS --- */

@@ -4,6 +4,7 @@ import json
 import os
 import random
 import stat
+import shutil
 import subprocess
 import threading
 
@@ -164,6 +165,18 @@ def test_cp_r(src, tp, mount, tmp_path):
     subprocess.run(["cp", "-r", str(m.mnt), str(dst)], check=True,
                    timeout=120)
     assert_tree_equals_oracle(dst, exp)
+
+
+def test_copies_that_keep_xattrs(src, mount, tmp_path):
+    """cp -a and shutil.copytree copy every listed xattr; the (large)
+    sources xattr must not be listed, or they fail with ENOSPC."""
+    exp = ExpectedView(src, 8)
+    m = mount(src, ["tp=8"])
+    shutil.copytree(m.mnt, tmp_path / "py")
+    assert_tree_equals_oracle(tmp_path / "py", exp)
+    subprocess.run(["cp", "-a", str(m.mnt), str(tmp_path / "cpa")],
+                   check=True, timeout=120)
+    assert_tree_equals_oracle(tmp_path / "cpa", exp)
 
 
 @pytest.mark.parametrize("tp", [2, 8])
