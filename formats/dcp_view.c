@@ -234,12 +234,7 @@ static int plan_items(builder *b)
 			err = add_item(b, it);
 			if (err)
 				return err;
-
-			int k = ten->ndim - 1;
-
-			while (k >= 0 && ++idx[k] == count[k])
-				idx[k--] = 0;
-			if (k < 0)
+			if (!rs_grid_next(idx, count, ten->ndim))
 				break;
 		}
 next:

@@ -92,6 +92,11 @@ int rs_zip_open(rs_zip *z, int fd, uint64_t base, uint64_t len, char *msg,
 		size_t msg_size);
 void rs_zip_free(rs_zip *z);
 
+/* A safe record name: '/'-separated components, none empty, "." or "..";
+ * no '\\' or control characters.  The reader refuses others, and the
+ * writer writes only these, so what it writes reads back. */
+bool rs_zip_record_ok(const char *record);
+
 /* The entry of a record ("data.pkl", "data/0"), or NULL. */
 const rs_zip_entry *rs_zip_find(const rs_zip *z, const char *record);
 

@@ -345,9 +345,7 @@ static int parse_central(src *s, const end_info *e, const uint8_t *cd,
 	return 0;
 }
 
-/* A record name: '/'-separated components, none empty, "." or "..";
- * no '\\' or control characters. */
-static bool record_ok(const char *r)
+bool rs_zip_record_ok(const char *r)
 {
 	const char *c = r;
 
@@ -392,7 +390,7 @@ static int check_names(src *s, rs_zip *z)
 				    "entry \"%.64s\" is outside archive \"%s\"",
 				    e->name, z->archive);
 		e->record = e->name + plen + 1;
-		if (!record_ok(e->record))
+		if (!rs_zip_record_ok(e->record))
 			return fail(s, -EINVAL, e->header_offset,
 				    "bad entry name \"%.64s\"", e->name);
 	}

@@ -133,26 +133,6 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Record names follow the reader's rules, so what we write reads back. */
-static bool record_ok(const char *r)
-{
-	const char *c = r;
-
-	for (const char *p = r;; p++) {
-		if (*p == '/' || *p == '\0') {
-			size_t n = (size_t)(p - c);
-
-			if (n == 0 || (n == 1 && c[0] == '.') ||
-			    (n == 2 && c[0] == '.' && c[1] == '.'))
-				return false;
-			if (*p == '\0')
-				return true;
-			c = p + 1;
-		} else if (*p == '\\' || (unsigned char)*p < 0x20 || *p == 0x7f) {
-			return false;
-		}
-	}
-}
 
 static int check_inputs(const char *archive, const rs_zip_input *in,
 			size_t n, uint32_t alignment)
@@ -165,7 +145,7 @@ static int check_inputs(const char *archive, const rs_zip_input *in,
 	    (alignment & (alignment - 1)))
 		return -EINVAL;
 	for (size_t i = 0; i < n; i++) {
-		if (!in[i].record || !record_ok(in[i].record) ||
+		if (!in[i].record || !rs_zip_record_ok(in[i].record) ||
 		    strlen(archive) + 1 + strlen(in[i].record) > RS_ZIP_MAX_NAME)
 			return -EINVAL;
 		if (!in[i].provided && in[i].size &&

@@ -158,12 +158,7 @@ static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
 			err = rs_vtree_append_plan(t, file, &plan);
 		if (err)
 			return err;
-
-		int i = ten->ndim - 1;
-
-		while (i >= 0 && ++idx[i] == count[i])
-			idx[i--] = 0;
-		if (i < 0)
+		if (!rs_grid_next(idx, count, ten->ndim))
 			return 0;
 	}
 }

@@ -36,6 +36,17 @@ bool rs_product(const uint64_t *v, int n, uint64_t *out);
  * not overlap (or a zero-sized axis makes the result empty). */
 bool rs_box_intersect(const rs_box *a, const rs_box *b, rs_box *out);
 
+/* Steps idx through the grid [0, count) in C order; false once it wraps
+ * back to all zeros (every position has been visited). */
+static inline bool rs_grid_next(uint64_t *idx, const uint64_t *count, int n)
+{
+	int i = n - 1;
+
+	while (i >= 0 && ++idx[i] == count[i])
+		idx[i--] = 0;
+	return i >= 0;
+}
+
 /* C-order element strides of a dense array with the given extents. */
 void rs_c_strides(const uint64_t *extent, int ndim, uint64_t *stride);
 

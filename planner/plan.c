@@ -117,12 +117,8 @@ emit:
 		if (err)
 			return err;
 
-		/* Next outer position (odometer over axes [0, cdim)). */
-		int i = cdim - 1;
-
-		while (i >= 0 && ++idx[i] == in->len[i])
-			idx[i--] = 0;
-		if (i < 0)
+		/* Next outer position, over axes [0, cdim). */
+		if (!rs_grid_next(idx, in->len, cdim))
 			return 0;
 	}
 }
