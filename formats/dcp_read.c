@@ -433,6 +433,26 @@ static int read_metadata(reader *r, uint8_t **buf, size_t *len)
 	return 0;
 }
 
+/* Old Megatron saved distributed-optimizer state as flattened_range items,
+ * whose true N-d shape lives only in MCoreMetadata.mcore_data.  Serving
+ * them as the flat tensors .metadata describes would be wrong, so refuse. */
+static int refuse_flattened(reader *r, const rs_pvalue *mcore_data)
+{
+	for (size_t i = 0; i < rs_pv_len(mcore_data); i++) {
+		const rs_pvalue *v = rs_pv_val(mcore_data, i);
+
+		if (rs_pv_get(v, "nd_reformulated_orig_global_shape") &&
+		    rs_pv_kind(rs_pv_get(v, "nd_reformulated_orig_global_shape")) != RS_PV_NONE) {
+			rs_diag_add(r->d, "%s: %s is a flattened_range tensor (old Megatron distributed optimizer); not supported",
+				    r->meta_path,
+				    rs_pv_str(rs_pv_key(mcore_data, i), NULL) ?
+					    rs_pv_str(rs_pv_key(mcore_data, i), NULL) : "?");
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* .metadata and the .distcp files are replaced by what a view writes. */
 static void hide_dcp_files(rs_checkpoint *ck)
 {
@@ -487,7 +507,9 @@ int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
 		err = -EINVAL;
 		goto out;
 	}
-	err = read_storage(&r, rs_pv_get(state, "storage_data"));
+	err = refuse_flattened(&r, rs_pv_get(state, "mcore_data"));
+	if (!err)
+		err = read_storage(&r, rs_pv_get(state, "storage_data"));
 	for (size_t i = 0; i < rs_pv_len(sdm) && !err; i++) {
 		const char *fqn = rs_pv_str(rs_pv_key(sdm, i), NULL);
 		const rs_pvalue *meta = rs_pv_val(sdm, i);

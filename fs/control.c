@@ -32,6 +32,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     "  \"cache_evictions\": %llu,\n"
 		     "  \"executor\": \"%s\",\n"
 		     "  \"format\": \"%s\",\n"
+		     "  \"view_format\": \"%s\",\n"
 		     "  \"source_tp\": %u,\n"
 		     "  \"tp\": %u,\n"
 		     "  \"pp\": %u,\n"
@@ -48,6 +49,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     rs_executor_name(fs->exec), rs_format_name(fs->ck.format),
+		     rs_format_name(fs->view_format),
 		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,
 		     fs->tree.count, rs_sources_count(fs->ck.sources));
 	if (n < 0)

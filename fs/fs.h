@@ -34,6 +34,7 @@ typedef struct {
 	rs_executor *exec;
 	rs_cache *cache;
 	fuse_ino_t ctl_ino, stats_ino;
+	rs_format view_format;
 	_Atomic uint64_t bytes_served;
 	_Atomic uint64_t reads;
 	_Atomic uint64_t read_errors;

@@ -56,8 +56,10 @@ static int build(rs_fs *fs, const rs_options *o, bool debug)
 				&fs->layout, d);
 	if (err)
 		goto out_ck;
-	err = rs_checkpoint_build_view(&fs->ck, (rs_format)o->view_format,
-				       &fs->layout, &fs->tree, d);
+	fs->view_format = o->view_format ? (rs_format)o->view_format
+					 : fs->ck.format;
+	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
+				       &fs->tree, d);
 	if (err)
 		goto out_layout;
 	err = rs_inodes_build(&fs->inodes, &fs->tree);

@@ -234,6 +234,15 @@ def test_unknown_global(mcore_dist, failing_mount, tmp_path):
     assert_refused(rc, err, ".metadata", "system")
 
 
+def test_flattened_range_refused(mcore_dist, failing_mount, tmp_path):
+    ck = _copy(mcore_dist, tmp_path / "ck")
+    key = "decoder.layers.mlp.linear_fc1.weight"
+    _rewrite_metadata(ck, "md.mcore_data = {%r: "
+                          "{'nd_reformulated_orig_global_shape': (2, 3)}}" % key)
+    rc, err = failing_mount(ck, ["tp=1"])
+    assert_refused(rc, err, ".metadata", key, "flattened_range")
+
+
 def test_truncated_distcp(mcore_dist, failing_mount, tmp_path):
     ck = _copy(mcore_dist, tmp_path / "ck")
     victim = sorted(ck.glob("*.distcp"))[0]
