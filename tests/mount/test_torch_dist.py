@@ -210,12 +210,13 @@ pickle.dump(md, open(sys.argv[1], "wb"))
     run_py("-c", code, ck / ".metadata")
 
 
-def test_relative_path_escape(mcore_dist, failing_mount, tmp_path):
+@pytest.mark.parametrize("prefix", ["../", "sub/", "/tmp/"])
+def test_relative_path_escape(mcore_dist, failing_mount, tmp_path, prefix):
     ck = _copy(mcore_dist, tmp_path / "ck")
-    _rewrite_metadata(ck, "items[3][1].relative_path = '../' + "
+    _rewrite_metadata(ck, f"items[3][1].relative_path = {prefix!r} + "
                           "items[3][1].relative_path")
     rc, err = failing_mount(ck, ["tp=1"])
-    assert_refused(rc, err, ".metadata", "../")
+    assert_refused(rc, err, ".metadata", prefix)
 
 
 def test_item_past_end_of_file(mcore_dist, failing_mount, tmp_path):
