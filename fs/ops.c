@@ -40,7 +40,10 @@ static void fill_attr(rs_fs *fs, fuse_ino_t ino, struct stat *st)
 	st->st_ino = ino;
 	st->st_uid = getuid();
 	st->st_gid = getgid();
-	st->st_blksize = RS_MAX_READ;
+	/* The preferred I/O size: Python's buffered files (and so torch.load
+	 * through DCP) use it as their buffer, and refill all of it after every
+	 * seek, so a large value multiplies small header reads. */
+	st->st_blksize = 4096;
 	if (n) {
 		st->st_mode = n->is_dir ? S_IFDIR | 0555 : S_IFREG | 0444;
 		st->st_nlink = n->is_dir ? 2 : 1;
