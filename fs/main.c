@@ -39,7 +39,7 @@ static void print_diag(const rs_diag *d)
 }
 
 /* Catalog, layout and tree; on failure prints why. */
-static int build(rs_fs *fs, const rs_options *o, bool debug)
+static int build(rs_fs *fs, const rs_options *o)
 {
 	rs_rules *rules = NULL;
 	rs_diag *d = rs_diag_new();
@@ -61,7 +61,7 @@ static int build(rs_fs *fs, const rs_options *o, bool debug)
 	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
 				       &fs->tree, d);
 	if (err)
-		goto out_layout;
+		goto out_tree; /* a partly built tree is freed too */
 	err = rs_inodes_build(&fs->inodes, &fs->tree);
 	if (err)
 		goto out_tree;
@@ -72,12 +72,10 @@ static int build(rs_fs *fs, const rs_options *o, bool debug)
 	rs_log(RS_LOG_DEBUG, "%s: %s checkpoint, %zu tensors, source tp=%u, view tp=%u pp=%u, %u files",
 	       o->source, rs_format_name(fs->ck.format), fs->ck.catalog.count,
 	       fs->layout.src_tp, fs->layout.tp, fs->layout.pp, fs->tree.count);
-	(void)debug;
 	goto out;
 
 out_tree:
 	rs_vtree_free(&fs->tree);
-out_layout:
 	rs_layout_free(&fs->layout);
 out_ck:
 	rs_checkpoint_close(&fs->ck);
@@ -171,7 +169,7 @@ int main(int argc, char *argv[])
 	rs_log_setup(cmd.debug);
 	raise_fd_limit();
 
-	if (build(&fs, &o, cmd.debug) != 0)
+	if (build(&fs, &o) != 0)
 		goto out_cmd;
 	if (rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
 		fprintf(stderr, "reshardfs: out of memory\n");
