@@ -207,7 +207,8 @@ void rs_pw_persid(rs_pwriter *w);
 
 /* Appends STOP and hands the buffer to the caller (free() it).  Returns
  * 0, or the first error: -EINVAL for unbalanced use, -ENOMEM, -E2BIG for a
- * string over 4 GiB. */
+ * string over 4 GiB.  Either way the writer is released (rs_pw_free is
+ * then a harmless no-op). */
 int rs_pw_finish(rs_pwriter *w, uint8_t **out, size_t *len);
 
 #endif

@@ -366,11 +366,15 @@ int rs_pw_finish(rs_pwriter *w, uint8_t **out, size_t *len)
 	if (!w->err && (w->nmarks || w->depth != 1))
 		set_err(w, -EINVAL);
 	op(w, STOP, 1, 0);
-	if (w->err)
-		return w->err;
+	if (w->err) {
+		int err = w->err;
+
+		rs_pw_free(w);
+		return err;
+	}
 	*out = w->buf;
 	*len = w->len;
 	w->buf = NULL;
-	w->len = w->cap = 0;
+	rs_pw_free(w);
 	return 0;
 }

@@ -1,7 +1,9 @@
 /* diag: a list of one-line problem reports.
  *
  * Parsers and planners report what is wrong with a checkpoint here, one line
- * per problem ("<file or tensor>: <what>"), and return -EINVAL.  The daemon
+ * per problem ("<file or tensor>: <what>"), and return -EINVAL.  Control
+ * bytes and invalid UTF-8 in a line (names quoted from hostile files) are
+ * stored as \xNN.  The daemon
  * prints every line when a mount is refused.  Lines are copied; the list owns
  * them.  Adding never fails loudly: on allocation failure the line is counted
  * but dropped, so a refusal is never lost.

@@ -179,8 +179,20 @@ static void test_rules(void)
 	rs_diag_free(d);
 }
 
+/* Hostile names reach diag lines: control bytes and invalid UTF-8 are
+ * escaped, valid UTF-8 is kept. */
+static void test_diag_sanitizes(void)
+{
+	rs_diag *d = rs_diag_new();
+
+	rs_diag_add(d, "%s: bad", "a\x1b[31mb\xff\xc3\xa9\n");
+	CHECK(strcmp(rs_diag_line(d, 0), "a\\x1b[31mb\\xff\xc3\xa9\\x0a: bad") == 0);
+	rs_diag_free(d);
+}
+
 int main(void)
 {
+	test_diag_sanitizes();
 	test_padding();
 	test_rules();
 	test_resolve();
