@@ -22,57 +22,6 @@ void rs_catalog_free(rs_catalog *c)
 	memset(c, 0, sizeof(*c));
 }
 
-int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
-			   int ndim, const uint64_t *shape,
-			   const uint64_t *chunk, size_t *index)
-{
-	rs_tensor t = { 0 };
-	uint64_t nchunks = 1, chunk_elems, chunk_bytes;
-	int err = -ENOMEM;
-
-	if (ndim < 0 || ndim > RS_MAX_DIMS || !rs_dtype_size(dtype))
-		return -EINVAL;
-	t.dtype = dtype;
-	t.ndim = ndim;
-	t.regular = true;
-	for (int i = 0; i < ndim; i++) {
-		if (chunk[i] == 0)
-			return -EINVAL;
-		t.shape[i] = shape[i];
-		t.grid[i] = chunk[i];
-		t.grid_count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
-		if (!rs_mul_u64(nchunks, t.grid_count[i], &nchunks))
-			return -EOVERFLOW;
-	}
-	if (!rs_product(chunk, ndim, &chunk_elems) ||
-	    !rs_mul_u64(chunk_elems, rs_dtype_size(dtype), &chunk_bytes))
-		return -EOVERFLOW;
-	/* One fragment record per chunk must fit in memory comfortably. */
-	if (nchunks > (1u << 24))
-		return -E2BIG;
-
-	err = rs_array_reserve(&c->tensors, &c->cap, c->count + 1,
-			       sizeof(rs_tensor));
-	if (err)
-		return err;
-	err = -ENOMEM;
-	t.name = strdup(name);
-	if (!t.name)
-		goto fail;
-	t.nfrags = nchunks;
-	t.frags = calloc(nchunks ? nchunks : 1, sizeof(rs_fragment));
-	if (!t.frags)
-		goto fail_name;
-	c->tensors[c->count] = t;
-	*index = c->count++;
-	return 0;
-
-fail_name:
-	free(t.name);
-fail:
-	return err;
-}
-
 int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
 			     int ndim, const uint64_t *shape, size_t nfrags,
 			     size_t *index)
@@ -105,6 +54,41 @@ int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
 	}
 	c->tensors[c->count] = t;
 	*index = c->count++;
+	return 0;
+}
+
+int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
+			   int ndim, const uint64_t *shape,
+			   const uint64_t *chunk, size_t *index)
+{
+	uint64_t nchunks = 1, count[RS_MAX_DIMS], chunk_bytes;
+	rs_tensor *t;
+	int err;
+
+	if (ndim < 0 || ndim > RS_MAX_DIMS || !rs_dtype_size(dtype))
+		return -EINVAL;
+	for (int i = 0; i < ndim; i++) {
+		if (chunk[i] == 0)
+			return -EINVAL;
+		count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
+		if (!rs_mul_u64(nchunks, count[i], &nchunks))
+			return -EOVERFLOW;
+	}
+	/* A full chunk's bytes must be representable too (edge chunks are
+	 * stored whole). */
+	if (!rs_product(chunk, ndim, &chunk_bytes) ||
+	    !rs_mul_u64(chunk_bytes, rs_dtype_size(dtype), &chunk_bytes))
+		return -EOVERFLOW;
+	if (nchunks > SIZE_MAX)
+		return -E2BIG;
+	err = rs_catalog_add_fragments(c, name, dtype, ndim, shape,
+				       (size_t)nchunks, index);
+	if (err)
+		return err;
+	t = &c->tensors[*index];
+	t->regular = true;
+	memcpy(t->grid, chunk, (size_t)ndim * sizeof(uint64_t));
+	memcpy(t->grid_count, count, (size_t)ndim * sizeof(uint64_t));
 	return 0;
 }
 

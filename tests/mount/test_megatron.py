@@ -7,31 +7,14 @@ and megatron's own loader must read the view into a model at the view's TP
 and get exactly what it gets when it reshards the source itself.
 """
 
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from mcore import needs_mcore, run_mcore
 from oracle import ExpectedView
 from test_zarr_view import assert_tree_equals_oracle
 
-REPO = Path(__file__).resolve().parents[2]
-MCORE_PY = REPO / ".venv-mcore" / "bin" / "python"
-SCRIPT = REPO / "scripts" / "make_mcore_checkpoint.py"
-
-pytestmark = pytest.mark.skipif(
-    not MCORE_PY.exists(),
-    reason=".venv-mcore missing: scripts/setup installs megatron-core "
-           "(unless RESHARDFS_NO_MCORE=1)")
-
-
-def run_mcore(*args):
-    r = subprocess.run([str(MCORE_PY), str(SCRIPT), *map(str, args)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:]
+pytestmark = needs_mcore
 
 
 @pytest.fixture(scope="module")

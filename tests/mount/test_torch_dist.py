@@ -10,8 +10,6 @@ the zarr view into a model exactly as it reads the torch_dist source.
 
 import json
 import os
-import pickle
-import subprocess
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (numpy's bfloat16 for zarr)
@@ -19,25 +17,11 @@ import numpy as np
 import pytest
 import zarr
 
+from mcore import SCRIPT, needs_mcore, run_py
 from test_bad_input import assert_refused
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-MCORE_PY = REPO / ".venv-mcore" / "bin" / "python"
-SCRIPT = REPO / "scripts" / "make_mcore_checkpoint.py"
-
-pytestmark = pytest.mark.skipif(
-    not MCORE_PY.exists(),
-    reason=".venv-mcore missing: scripts/setup installs torch and "
-           "megatron-core (unless RESHARDFS_NO_MCORE=1)")
-
-
-def run_py(*args, script=None):
-    r = subprocess.run([str(MCORE_PY), *map(str, args)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:]
-    return r.stdout
+pytestmark = needs_mcore
 
 
 def dcp_oracle(src, tmp_path):
