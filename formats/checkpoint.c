@@ -25,52 +25,82 @@ const char *rs_format_name(rs_format f)
 	return "unknown";
 }
 
+int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
+			    size_t max, char **buf, size_t *len,
+			    struct stat *st, rs_diag *d)
+{
+	int fd = rs_open_beneath(rs_sources_root_fd(ck->sources), relpath,
+				 O_RDONLY);
+	struct stat own;
+	char *text = NULL;
+	int err = -EINVAL;
+
+	if (!st)
+		st = &own;
+	if (fd == -ENOENT)
+		return -ENOENT;
+	if (fd < 0) {
+		rs_diag_add(d, "%s/%s: cannot open: %s", ck->root_path, relpath,
+			    strerror(-fd));
+		return -EINVAL;
+	}
+	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
+	    (uint64_t)st->st_size > max) {
+		rs_diag_add(d, "%s/%s: not a regular file of at most %zu bytes",
+			    ck->root_path, relpath, max);
+		goto out;
+	}
+	text = malloc((size_t)st->st_size + 1);
+	if (!text) {
+		err = -ENOMEM;
+		goto out;
+	}
+	if (pread(fd, text, (size_t)st->st_size, 0) != st->st_size) {
+		rs_diag_add(d, "%s/%s: short read", ck->root_path, relpath);
+		free(text);
+		goto out;
+	}
+	text[st->st_size] = 0;
+	*buf = text;
+	*len = (size_t)st->st_size;
+	err = 0;
+out:
+	close(fd);
+	return err;
+}
+
 /* Reads metadata.json and decides the format (FORMATS.md §1). */
 static int detect_format(rs_checkpoint *ck, rs_diag *d)
 {
-	int fd = rs_open_beneath(rs_sources_root_fd(ck->sources),
-				 "metadata.json", O_RDONLY);
-	char buf[4096];
 	char *text = NULL;
-	struct stat st;
+	size_t len;
 	cJSON *root = NULL;
 	const cJSON *backend;
-	int err = -EINVAL;
+	struct stat dst;
+	int err = rs_checkpoint_read_file(ck, "metadata.json",
+					  RS_METADATA_MAX_BYTES, &text, &len,
+					  NULL, d);
 
-	if (fd < 0) {
-		struct stat dst;
-
+	if (err == -ENOENT) {
 		/* A plain PyTorch DCP directory has .metadata only. */
 		if (fstatat(rs_sources_root_fd(ck->sources), ".metadata", &dst,
 			    AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(dst.st_mode)) {
 			ck->format = RS_FORMAT_TORCH_DIST;
 			return 0;
 		}
-		rs_diag_add(d, "%s: not a checkpoint (no readable metadata.json or .metadata)",
+		rs_diag_add(d, "%s: not a checkpoint (no metadata.json or .metadata)",
 			    ck->root_path);
 		return -EINVAL;
 	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-	    st.st_size > RS_METADATA_MAX_BYTES) {
-		rs_diag_add(d, "%s/metadata.json: not a regular file of at most %u bytes",
-			    ck->root_path, RS_METADATA_MAX_BYTES);
-		goto out;
-	}
-	text = st.st_size < (off_t)sizeof(buf) ? buf : malloc((size_t)st.st_size);
-	if (!text) {
-		err = -ENOMEM;
-		goto out;
-	}
-	if (pread(fd, text, (size_t)st.st_size, 0) != st.st_size) {
-		rs_diag_add(d, "%s/metadata.json: short read", ck->root_path);
-		goto out_text;
-	}
-	root = cJSON_ParseWithLength(text, (size_t)st.st_size);
+	if (err)
+		return err;
+	err = -EINVAL;
+	root = cJSON_ParseWithLength(text, len);
 	backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");
 	if (!cJSON_IsObject(root) || !cJSON_IsString(backend)) {
 		rs_diag_add(d, "%s/metadata.json: not a JSON object with a \"sharded_backend\" string",
 			    ck->root_path);
-		goto out_json;
+		goto out;
 	}
 	if (strcmp(backend->valuestring, "zarr") == 0) {
 		ck->format = RS_FORMAT_ZARR;
@@ -82,13 +112,9 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (zarr and torch_dist are)",
 			    ck->root_path, backend->valuestring);
 	}
-out_json:
-	cJSON_Delete(root);
-out_text:
-	if (text != buf)
-		free(text);
 out:
-	close(fd);
+	cJSON_Delete(root);
+	free(text);
 	return err;
 }
 

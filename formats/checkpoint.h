@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "planner/catalog.h"
@@ -79,6 +80,15 @@ typedef struct {
 
 int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d);
 void rs_checkpoint_close(rs_checkpoint *ck);
+
+/* Reads the small metadata file `relpath` under SOURCE whole (beneath
+ * SOURCE only, a regular file of at most `max` bytes), NUL-terminated;
+ * *st receives its stat (may be NULL).  -ENOENT when it does not exist (no
+ * line reported); any other problem is reported as one line and gives
+ * -EINVAL (or -ENOMEM).  The caller frees *buf. */
+int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
+			    size_t max, char **buf, size_t *len,
+			    struct stat *st, rs_diag *d);
 
 /* Builds the view in format `view` (0: the source's own format). */
 int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,

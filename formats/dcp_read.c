@@ -410,28 +410,6 @@ static int read_blob(reader *r, const char *fqn)
 	return 0;
 }
 
-static int read_metadata(reader *r, uint8_t **buf, size_t *len)
-{
-	long e = root_file(r->ck, ".metadata");
-	uint64_t size;
-	int fd;
-
-	if (e < 0) {
-		rs_diag_add(r->d, "%s: missing", r->meta_path);
-		return -EINVAL;
-	}
-	size = rs_sources_id(r->ck->sources, r->ck->entries[e].source)->size;
-	if (size > RS_DCP_METADATA_MAX ||
-	    rs_sources_fd(r->ck->sources, r->ck->entries[e].source, &fd) != 0 ||
-	    !(*buf = malloc(size ? size : 1)) ||
-	    pread(fd, *buf, size, 0) != (ssize_t)size) {
-		rs_diag_add(r->d, "%s: unreadable, or larger than %u bytes",
-			    r->meta_path, RS_DCP_METADATA_MAX);
-		return -EINVAL;
-	}
-	*len = size;
-	return 0;
-}
 
 /* Old Megatron saved distributed-optimizer state as flattened_range items,
  * whose true N-d shape lives only in MCoreMetadata.mcore_data.  Serving
@@ -473,7 +451,7 @@ int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
 	rs_pickle_limits lim;
 	rs_pickle *pk = NULL;
 	const rs_pvalue *state, *sdm;
-	uint8_t *buf = NULL;
+	char *buf = NULL;
 	size_t len = 0;
 	char perr[200];
 	int err;
@@ -489,12 +467,18 @@ int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
 			    ck->root_path);
 		return -EINVAL;
 	}
-	err = read_metadata(&r, &buf, &len);
-	if (err)
+	err = rs_checkpoint_read_file(ck, ".metadata", RS_DCP_METADATA_MAX, &buf,
+				      &len, NULL, d);
+	if (err == -ENOENT)
+		rs_diag_add(d, "%s: missing", r.meta_path);
+	if (err) {
+		err = err == -ENOENT ? -EINVAL : err;
 		goto out;
+	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
-	err = rs_pickle_parse(buf, len, &lim, &pk, perr, sizeof(perr));
+	err = rs_pickle_parse((const uint8_t *)buf, len, &lim, &pk, perr,
+			      sizeof(perr));
 	if (err) {
 		rs_diag_add(d, "%s: %s", r.meta_path, perr);
 		err = -EINVAL;

@@ -206,29 +206,17 @@ static int plan_items(builder *b)
 	for (size_t i = 0; i < b->ck->catalog.count; i++) {
 		const rs_tensor *ten = &b->ck->catalog.tensors[i];
 		const rs_target *tg = &b->l->targets[i];
-		uint64_t chunk[RS_MAX_DIMS], count[RS_MAX_DIMS];
-		uint64_t idx[RS_MAX_DIMS] = { 0 }, n = 0;
+		uint64_t count[RS_MAX_DIMS], idx[RS_MAX_DIMS] = { 0 }, n = 0;
 		int err;
 
-		for (int k = 0; k < ten->ndim; k++) {
-			chunk[k] = ten->regular ? tg->chunk[k]
-						: (tg->shape[k] ? tg->shape[k] : 1);
-			count[k] = tg->shape[k] / chunk[k] +
-				   (tg->shape[k] % chunk[k] != 0);
+		rs_grid_count(tg->shape, tg->chunk, ten->ndim, count);
+		for (int k = 0; k < ten->ndim; k++)
 			if (count[k] == 0)
 				goto next; /* empty: no chunk */
-		}
 		for (;;) {
 			item it = { .tensor = i, .index = n++ };
 
-			it.box.ndim = ten->ndim;
-			for (int k = 0; k < ten->ndim; k++) {
-				uint64_t end = (idx[k] + 1) * chunk[k];
-
-				it.box.off[k] = idx[k] * chunk[k];
-				it.box.len[k] = (end > tg->shape[k] ? tg->shape[k] : end) -
-						it.box.off[k];
-			}
+			rs_grid_cell(idx, tg->chunk, tg->shape, ten->ndim, &it.box);
 			it.rank = tg->axis >= 0
 				? (uint32_t)(idx[tg->axis] % b->l->tp) : 0;
 			err = add_item(b, it);

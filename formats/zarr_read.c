@@ -303,46 +303,6 @@ static int add_source_file(rs_checkpoint *ck, const char *relpath,
 	return rs_sources_add(ck->sources, relpath, &id, index);
 }
 
-static int read_zarray_text(rs_checkpoint *ck, const char *relpath,
-			    char **text, size_t *len, struct stat *st,
-			    rs_diag *d)
-{
-	int fd = rs_open_beneath(rs_sources_root_fd(ck->sources), relpath,
-				 O_RDONLY);
-	char *buf = NULL;
-	ssize_t n;
-	int err = -EINVAL;
-
-	if (fd < 0) {
-		rs_diag_add(d, "%s/%s: cannot open: %s", ck->root_path, relpath,
-			    strerror(-fd));
-		return -EINVAL;
-	}
-	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
-	    st->st_size > RS_ZARRAY_MAX_BYTES) {
-		rs_diag_add(d, "%s/%s: not a regular file of at most %u bytes",
-			    ck->root_path, relpath, RS_ZARRAY_MAX_BYTES);
-		goto out;
-	}
-	buf = malloc((size_t)st->st_size + 1);
-	if (!buf) {
-		err = -ENOMEM;
-		goto out;
-	}
-	n = pread(fd, buf, (size_t)st->st_size, 0);
-	if (n != st->st_size) {
-		rs_diag_add(d, "%s/%s: short read", ck->root_path, relpath);
-		free(buf);
-		goto out;
-	}
-	buf[n] = 0;
-	*text = buf;
-	*len = (size_t)n;
-	err = 0;
-out:
-	close(fd);
-	return err;
-}
 
 static int walk(rs_checkpoint *ck, int dirfd, const char *relpath,
 		long parent, int depth, rs_diag *d);
@@ -352,10 +312,7 @@ static void chunk_name(const rs_tensor *t, uint64_t g, char *out, size_t size)
 {
 	uint64_t idx[RS_MAX_DIMS];
 
-	for (int i = t->ndim - 1; i >= 0; i--) {
-		idx[i] = g % t->grid_count[i];
-		g /= t->grid_count[i];
-	}
+	rs_grid_coords(g, t->grid_count, t->ndim, idx);
 	rs_zarr_chunk_name(idx, t->ndim, out, size);
 }
 
@@ -399,10 +356,12 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 		return err;
 	if ((err = join(path, relpath, ".zarray")))
 		return err;
-	err = read_zarray_text(ck, path, &arr.zarray_text, &arr.zarray_len,
-			       &st, d);
+	err = rs_checkpoint_read_file(ck, path, RS_ZARRAY_MAX_BYTES,
+				      &arr.zarray_text, &arr.zarray_len, &st, d);
+	if (err == -ENOENT)
+		rs_diag_add(d, "%s/%s: vanished while reading", ck->root_path, path);
 	if (err)
-		return err;
+		return err == -ENOENT ? -EINVAL : err;
 	{
 		char shown[PATH_MAX + 64];
 

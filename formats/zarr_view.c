@@ -42,14 +42,11 @@ static int view_stored(rs_vtree *t, const rs_checkpoint *ck,
 		err = rs_vtree_append_source(t, file, arr->zarray_source, 0,
 					     arr->zarray_len);
 	for (uint64_t g = 0; g < ten->nfrags && !err; g++) {
-		uint64_t idx[RS_MAX_DIMS], rest = g;
+		uint64_t idx[RS_MAX_DIMS];
 		char name[RS_MAX_DIMS * 21];
 		uint32_t src = ten->frags[g].source;
 
-		for (int i = ten->ndim - 1; i >= 0; i--) {
-			idx[i] = rest % ten->grid_count[i];
-			rest /= ten->grid_count[i];
-		}
+		rs_grid_coords(g, ten->grid_count, ten->ndim, idx);
 		rs_zarr_chunk_name(idx, ten->ndim, name, sizeof(name));
 		err = rs_vtree_add_file(t, dir, name, source_mtime(ck, src),
 					&file);
@@ -133,22 +130,16 @@ static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
 	if (err)
 		return err;
 
-	for (int i = 0; i < ten->ndim; i++) {
-		count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
+	rs_grid_count(shape, chunk, ten->ndim, count);
+	for (int i = 0; i < ten->ndim; i++)
 		if (count[i] == 0)
 			return 0; /* empty array: no chunk files */
-	}
 	for (;;) {
 		char name[RS_MAX_DIMS * 21];
-		rs_box box = { .ndim = ten->ndim };
+		rs_box box;
 		rs_plan plan;
 
-		for (int i = 0; i < ten->ndim; i++) {
-			uint64_t end = (idx[i] + 1) * chunk[i];
-
-			box.off[i] = idx[i] * chunk[i];
-			box.len[i] = (end > shape[i] ? shape[i] : end) - box.off[i];
-		}
+		rs_grid_cell(idx, chunk, shape, ten->ndim, &box);
 		rs_zarr_chunk_name(idx, ten->ndim, name, sizeof(name));
 		err = rs_vtree_add_file(t, dir, name, mtime, &file);
 		if (err)
@@ -180,7 +171,6 @@ static int view_catalog(rs_vtree *t, const rs_checkpoint *ck,
 	for (size_t i = 0; i < ck->catalog.count; i++) {
 		const rs_tensor *ten = &ck->catalog.tensors[i];
 		const rs_target *tg = &l->targets[i];
-		uint64_t chunk[RS_MAX_DIMS];
 		uint32_t dir;
 		int err;
 
@@ -189,13 +179,9 @@ static int view_catalog(rs_vtree *t, const rs_checkpoint *ck,
 				    ck->root_path, ten->name);
 			return -EINVAL;
 		}
-		/* zarr needs a regular grid: an irregular tensor is one chunk. */
-		for (int k = 0; k < ten->ndim; k++)
-			chunk[k] = ten->regular ? tg->chunk[k]
-						: (tg->shape[k] ? tg->shape[k] : 1);
 		err = dir_at(t, 0, ten->name, ck->root_mtime, &dir);
 		if (!err)
-			err = view_planned(t, ck, ten, NULL, tg->shape, chunk,
+			err = view_planned(t, ck, ten, NULL, tg->shape, tg->chunk,
 					   ck->root_mtime, dir, d);
 		if (err)
 			return err;

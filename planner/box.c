@@ -30,6 +30,33 @@ bool rs_box_intersect(const rs_box *a, const rs_box *b, rs_box *out)
 	return true;
 }
 
+void rs_grid_count(const uint64_t *shape, const uint64_t *chunk, int n,
+		   uint64_t *count)
+{
+	for (int i = 0; i < n; i++)
+		count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
+}
+
+void rs_grid_cell(const uint64_t *idx, const uint64_t *chunk,
+		  const uint64_t *shape, int n, rs_box *out)
+{
+	out->ndim = n;
+	for (int i = 0; i < n; i++) {
+		uint64_t off = idx[i] * chunk[i], end = off + chunk[i];
+
+		out->off[i] = off;
+		out->len[i] = (end > shape[i] ? shape[i] : end) - off;
+	}
+}
+
+void rs_grid_coords(uint64_t g, const uint64_t *count, int n, uint64_t *idx)
+{
+	for (int i = n - 1; i >= 0; i--) {
+		idx[i] = g % count[i];
+		g /= count[i];
+	}
+}
+
 void rs_c_strides(const uint64_t *extent, int ndim, uint64_t *stride)
 {
 	uint64_t s = 1;

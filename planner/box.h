@@ -36,6 +36,20 @@ bool rs_product(const uint64_t *v, int n, uint64_t *out);
  * not overlap (or a zero-sized axis makes the result empty). */
 bool rs_box_intersect(const rs_box *a, const rs_box *b, rs_box *out);
 
+/* A chunk grid over a shape: cells of `chunk` extents, the last along each
+ * axis cut by the shape's end.  Callers check chunk[i] > 0. */
+
+/* Cells along each axis: ceil(shape / chunk). */
+void rs_grid_count(const uint64_t *shape, const uint64_t *chunk, int n,
+		   uint64_t *count);
+
+/* The box of cell idx. */
+void rs_grid_cell(const uint64_t *idx, const uint64_t *chunk,
+		  const uint64_t *shape, int n, rs_box *out);
+
+/* The coordinates of linear (C-order) cell index g. */
+void rs_grid_coords(uint64_t g, const uint64_t *count, int n, uint64_t *idx);
+
 /* Steps idx through the grid [0, count) in C order; false once it wraps
  * back to all zeros (every position has been visited). */
 static inline bool rs_grid_next(uint64_t *idx, const uint64_t *count, int n)

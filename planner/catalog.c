@@ -67,13 +67,13 @@ int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
 
 	if (ndim < 0 || ndim > RS_MAX_DIMS || !rs_dtype_size(dtype))
 		return -EINVAL;
-	for (int i = 0; i < ndim; i++) {
+	for (int i = 0; i < ndim; i++)
 		if (chunk[i] == 0)
 			return -EINVAL;
-		count[i] = shape[i] / chunk[i] + (shape[i] % chunk[i] != 0);
+	rs_grid_count(shape, chunk, ndim, count);
+	for (int i = 0; i < ndim; i++)
 		if (!rs_mul_u64(nchunks, count[i], &nchunks))
 			return -EOVERFLOW;
-	}
 	/* A full chunk's bytes must be representable too (edge chunks are
 	 * stored whole). */
 	if (!rs_product(chunk, ndim, &chunk_bytes) ||
@@ -119,7 +119,9 @@ bool rs_tensor_make_regular(rs_tensor *t)
 		grid[i] = origin->box.len[i];
 		if (grid[i] == 0)
 			return false;
-		count[i] = t->shape[i] / grid[i] + (t->shape[i] % grid[i] != 0);
+	}
+	rs_grid_count(t->shape, grid, t->ndim, count);
+	for (int i = 0; i < t->ndim; i++) {
 		if (!rs_mul_u64(cells, count[i], &cells))
 			return false;
 	}
@@ -189,14 +191,7 @@ void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
 {
 	rs_fragment *f = &t->frags[rs_tensor_grid_index(t, idx)];
 
-	f->box.ndim = t->ndim;
-	for (int i = 0; i < t->ndim; i++) {
-		uint64_t off = idx[i] * t->grid[i];
-		uint64_t end = off + t->grid[i];
-
-		f->box.off[i] = off;
-		f->box.len[i] = (end > t->shape[i] ? t->shape[i] : end) - off;
-	}
+	rs_grid_cell(idx, t->grid, t->shape, t->ndim, &f->box);
 	rs_c_strides(t->grid, t->ndim, f->stride);
 	f->source = source;
 	f->offset = offset;

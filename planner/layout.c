@@ -50,6 +50,9 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 
 		memcpy(tg->shape, t->shape, sizeof(tg->shape));
 		memcpy(tg->chunk, t->grid, sizeof(tg->chunk));
+		/* Fragments off any grid: a view shows the tensor as one chunk. */
+		for (int k = 0; k < t->ndim && !t->regular; k++)
+			tg->chunk[k] = t->shape[k] ? t->shape[k] : 1;
 		tg->axis = -1;
 		tg->multiplier = 1;
 		tg->has_rule = r != NULL;

@@ -44,7 +44,8 @@ typedef struct {
 	int axis;               /* absolute axis split by TP (-1: none) */
 	uint32_t multiplier;
 	uint64_t shape[RS_MAX_DIMS];
-	uint64_t chunk[RS_MAX_DIMS];
+	uint64_t chunk[RS_MAX_DIMS];   /* the whole shape for an irregular
+					 * tensor (one chunk) */
 	bool changed;           /* shape or chunks differ from the stored */
 } rs_target;
 
