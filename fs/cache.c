@@ -7,6 +7,11 @@
 #include <string.h>
 
 #define NBUCKETS 65536u
+/* Freed block buffers kept for the next build: a fresh multi-MiB malloc is
+ * a fresh mapping, and faulting in and zeroing its pages cost more than the
+ * gather that fills it (perf, BENCHMARKS.md).  At most this many, outside
+ * the budget. */
+#define NSPARES 4
 
 typedef enum {
 	BLOCK_BUILDING,   /* being built or decompressed; data not valid yet */
@@ -40,6 +45,8 @@ struct rs_cache {
 	uint64_t budget, bytes, hot_bytes;
 	bool compress;
 	rs_cache_stats stats;
+	struct { uint8_t *data; uint64_t len; } spares[NSPARES];
+	unsigned nspares;
 };
 
 static size_t bucket_of(uint64_t chunk, uint64_t index)
@@ -87,9 +94,39 @@ static void table_remove(rs_cache *c, rs_block *b)
 	b->in_table = false;
 }
 
-static void block_free(rs_block *b)
+/* A buffer of `len` bytes: a spare of exactly that size if there is one
+ * (a bigger one would hold more memory than the budget counts). */
+static uint8_t *data_take(rs_cache *c, uint64_t len)
 {
-	free(b->data);
+	for (unsigned i = 0; i < c->nspares; i++)
+		if (c->spares[i].len == len) {
+			uint8_t *d = c->spares[i].data;
+
+			c->spares[i] = c->spares[--c->nspares];
+			return d;
+		}
+	return malloc(len ? len : 1);
+}
+
+/* Keeps a freed buffer as a spare, replacing the oldest when full. */
+static void data_give(rs_cache *c, uint8_t *data, uint64_t len)
+{
+	if (!data)
+		return;
+	if (c->nspares == NSPARES) {
+		free(c->spares[0].data);
+		memmove(&c->spares[0], &c->spares[1],
+			(NSPARES - 1) * sizeof(c->spares[0]));
+		c->nspares--;
+	}
+	c->spares[c->nspares].data = data;
+	c->spares[c->nspares++].len = len;
+}
+
+/* Frees a block (lock held); its buffer may become a spare. */
+static void block_free(rs_cache *c, rs_block *b)
+{
+	data_give(c, b->data, b->len);
 	free(b->packed);
 	free(b);
 }
@@ -113,7 +150,7 @@ static void drop(rs_cache *c, rs_block *b)
 	c->stats.blocks--;
 	table_remove(c, b);
 	if (b->refs == 0)
-		block_free(b);
+		block_free(c, b);
 }
 
 /* Least recently used hot block nobody holds, or NULL. */
@@ -149,7 +186,7 @@ static void pack(rs_cache *c, rs_block *b)
 		b->packed_len = (uint64_t)n;
 		c->bytes += b->packed_len;
 		c->bytes -= b->len;
-		free(b->data);
+		data_give(c, b->data, b->len);
 		b->data = NULL;
 		b->state = BLOCK_COLD;
 		c->stats.cold_blocks++;
@@ -211,10 +248,12 @@ void rs_cache_free(rs_cache *c)
 		while (b) {
 			rs_block *next = b->hnext;
 
-			block_free(b);
+			block_free(c, b);
 			b = next;
 		}
 	}
+	for (unsigned i = 0; i < c->nspares; i++)
+		free(c->spares[i].data);
 	pthread_cond_destroy(&c->changed);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -233,7 +272,7 @@ static rs_block *find(rs_cache *c, uint64_t chunk, uint64_t index)
  * wait).  The caller holds a reference. */
 static int unpack(rs_cache *c, rs_block *b)
 {
-	uint8_t *data = malloc(b->len ? b->len : 1);
+	uint8_t *data = data_take(c, b->len);
 	int n = -1;
 
 	list_remove(&c->cold, b);
@@ -246,7 +285,7 @@ static int unpack(rs_cache *c, rs_block *b)
 	pthread_mutex_lock(&c->lock);
 	if (n < 0 || (uint64_t)n != b->len) {
 		/* Out of memory: forget the block; the caller rebuilds it. */
-		free(data);
+		data_give(c, data, b->len);
 		b->error = -ENOMEM;
 		drop(c, b);
 		pthread_cond_broadcast(&c->changed);
@@ -299,7 +338,7 @@ int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 				return 0;
 			}
 			if (b->refs == 0 && !b->in_table)
-				block_free(b);
+				block_free(c, b);
 			continue;
 		}
 		/* Someone is building it: wait for them, then look again. */
@@ -318,7 +357,7 @@ int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 			/* The build failed: report its error, do not retry. */
 			err = b->error ? b->error : -EIO;
 			if (b->refs == 0)
-				block_free(b);
+				block_free(c, b);
 			if (err == -ENOMEM)
 				continue; /* a failed unpack: build it anew */
 			pthread_mutex_unlock(&c->lock);
@@ -326,13 +365,19 @@ int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 		}
 	}
 
-	/* Miss: reserve the bytes, publish a BUILDING block, build unlocked. */
+	/* Miss: reserve the bytes (evicting first, so that an evicted buffer
+	 * can be reused), publish a BUILDING block, build unlocked. */
 	b = calloc(1, sizeof(*b));
-	if (b)
-		b->data = malloc(len ? len : 1);
-	if (!b || !b->data) {
-		if (b)
-			free(b);
+	if (!b) {
+		pthread_mutex_unlock(&c->lock);
+		return -ENOMEM;
+	}
+	c->bytes += len;
+	make_room(c);
+	b->data = data_take(c, len);
+	if (!b->data) {
+		c->bytes -= len;
+		free(b);
 		pthread_mutex_unlock(&c->lock);
 		return -ENOMEM;
 	}
@@ -344,10 +389,8 @@ int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 	b->in_table = true;
 	b->hnext = c->buckets[bucket_of(chunk, index)];
 	c->buckets[bucket_of(chunk, index)] = b;
-	c->bytes += len;
 	c->stats.blocks++;
 	c->stats.misses++;
-	make_room(c);
 	pthread_mutex_unlock(&c->lock);
 
 	err = build(arg, b->data, len);
@@ -371,6 +414,16 @@ int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 	return 0;
 }
 
+bool rs_cache_has(rs_cache *c, uint64_t chunk, uint64_t index)
+{
+	bool has;
+
+	pthread_mutex_lock(&c->lock);
+	has = find(c, chunk, index) != NULL;
+	pthread_mutex_unlock(&c->lock);
+	return has;
+}
+
 const uint8_t *rs_block_data(const rs_block *b)
 {
 	return b->data;
@@ -385,7 +438,7 @@ void rs_cache_release(rs_cache *c, rs_block *b)
 {
 	pthread_mutex_lock(&c->lock);
 	if (--b->refs == 0 && !b->in_table) {
-		block_free(b);
+		block_free(c, b);
 	} else if (b->refs == 0 && c->bytes > c->budget) {
 		make_room(c);
 	}

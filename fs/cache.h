@@ -47,6 +47,9 @@ void rs_cache_free(rs_cache *c);
 
 int rs_cache_get(rs_cache *c, uint64_t chunk, uint64_t index, uint64_t len,
 		 rs_block_build build, void *arg, rs_block **out);
+/* Whether the block is cached or being built (a hint: it may be evicted
+ * right after). */
+bool rs_cache_has(rs_cache *c, uint64_t chunk, uint64_t index);
 const uint8_t *rs_block_data(const rs_block *b);
 uint64_t rs_block_len(const rs_block *b);
 void rs_cache_release(rs_cache *c, rs_block *b);

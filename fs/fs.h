@@ -17,6 +17,7 @@
 #include "formats/checkpoint.h"
 #include "fs/cache.h"
 #include "fs/inodes.h"
+#include "fs/prefetch.h"
 #include "gpu/executor.h"
 #include "planner/layout.h"
 #include "planner/vtree.h"
@@ -26,25 +27,49 @@
 /* Largest read reply, and the request size asked of the kernel. */
 #define RS_MAX_READ (1u << 20)
 
-typedef struct {
+/* Blocks a sequential reader asks for ahead of itself (fs/prefetch.h). */
+#define RS_PREFETCH_AHEAD (2 * RS_BLOCK_SIZE)
+
+struct rs_fs {
 	rs_checkpoint ck;
 	rs_layout layout;
 	rs_vtree tree;
 	rs_inodes inodes;
 	rs_executor *exec;
 	rs_cache *cache;
+	rs_prefetch *prefetch;
 	fuse_ino_t ctl_ino, stats_ino;
 	rs_format view_format;
 	_Atomic uint64_t bytes_served;
 	_Atomic uint64_t reads;
 	_Atomic uint64_t read_errors;
-} rs_fs;
+	/* Last file a sequential reader read to its end (node index + 1; 0:
+	 * none), to spot readers that walk a directory in readdir order. */
+	_Atomic uint32_t last_finished;
+};
+
+/* State of one open view file (fuse_file_info.fh): where the last read
+ * ended and how far ahead prefetch has been asked, to spot sequential
+ * readers.  Races between reads on one handle only blur the guess. */
+typedef struct {
+	uint32_t node;
+	_Atomic uint64_t last_end;
+	_Atomic uint64_t prefetched_to;
+	/* This file follows, in readdir order, the last file read to its
+	 * end: prefetch may run on into the files after it. */
+	_Atomic bool in_dir_order;
+} rs_open_file;
 
 extern const struct fuse_lowlevel_ops rs_fs_ops;
 
-/* read(2) of a view file: replies with data or an error. */
-void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n, size_t size,
-		off_t off);
+/* read(2) of a view file: replies with data or an error.  `of` (may be
+ * NULL) is the open file, for sequential-read detection. */
+void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
+		rs_open_file *of, size_t size, off_t off);
+/* Block `index` of a chunk, from the cache or built now (a reference the
+ * caller releases with rs_cache_release). */
+int rs_fs_get_block(rs_fs *fs, const rs_chunk *c, uint64_t index,
+		    rs_block **out);
 
 /* Checks every source a file is built from; -ESTALE (logged) when one
  * changed since mount. */

@@ -16,6 +16,9 @@
 #include "fs/log.h"
 #include "fs/options.h"
 
+/* Threads that build blocks ahead of sequential readers (fs/prefetch.h). */
+#define PREFETCH_THREADS 2
+
 static void usage(const char *prog)
 {
 	printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
@@ -92,6 +95,7 @@ out:
 
 static void teardown(rs_fs *fs)
 {
+	rs_prefetch_stop(fs->prefetch);
 	rs_cache_free(fs->cache);
 	rs_executor_destroy(fs->exec);
 	rs_inodes_free(&fs->inodes);
@@ -205,6 +209,8 @@ int main(int argc, char *argv[])
 		       rs_diag_line(d, 0) ? rs_diag_line(d, 0) : "out of resources");
 		goto out_unmount;
 	}
+	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
+		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(se);

@@ -145,8 +145,17 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 		return;
 	}
 	fi->cache_readdir = 1;
+	rs_open_file *of = calloc(1, sizeof(*of));
+
+	if (!of) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	of->node = (uint32_t)(ino - 1);
+	fi->fh = (uint64_t)(uintptr_t)of;
 	fi->keep_cache = 1;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		free(of);   /* the open was interrupted: no release follows */
 }
 
 /* Entry `i` of a directory: 0 is ".", 1 is "..", then the children. */
@@ -243,8 +252,17 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, EIO);
 		return;
 	}
+	rs_open_file *of = calloc(1, sizeof(*of));
+
+	if (!of) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	of->node = (uint32_t)(ino - 1);
+	fi->fh = (uint64_t)(uintptr_t)of;
 	fi->keep_cache = 1;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) != 0)
+		free(of);   /* the open was interrupted: no release follows */
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -268,14 +286,15 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_err(req, EISDIR);
 		return;
 	}
-	rs_fs_read(fs, req, n, size, off);
+	rs_fs_read(fs, req, n, (rs_open_file *)(uintptr_t)fi->fh, size, off);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	if (ino == fs_of(req)->stats_ino)
-		free((void *)(uintptr_t)fi->fh);
+	/* The stats text or the rs_open_file made at open. */
+	(void)ino;
+	free((void *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 

@@ -88,6 +88,20 @@ static int build_block(void *arg, uint8_t *buf, uint64_t len)
 	return err;
 }
 
+int rs_fs_get_block(rs_fs *fs, const rs_chunk *c, uint64_t index,
+		    rs_block **out)
+{
+	uint64_t begin = index * RS_BLOCK_SIZE;
+	uint64_t blen = c->plan.size - begin < RS_BLOCK_SIZE
+				? c->plan.size - begin : RS_BLOCK_SIZE;
+	block_job bj = { fs, c, begin };
+
+	if (begin >= c->plan.size)
+		return -EINVAL;
+	return rs_cache_get(fs->cache, c->id, index, blen, build_block, &bj,
+			    out);
+}
+
 static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 		      uint64_t from, uint64_t len)
 {
@@ -96,17 +110,12 @@ static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 
 	while (len) {
 		uint64_t index = pos / RS_BLOCK_SIZE;
-		uint64_t begin = index * RS_BLOCK_SIZE;
-		uint64_t blen = c->plan.size - begin < RS_BLOCK_SIZE
-					? c->plan.size - begin : RS_BLOCK_SIZE;
-		uint64_t in = pos - begin;
-		uint64_t take = blen - in < len ? blen - in : len;
-		block_job bj = { fs, c, begin };
+		uint64_t in = pos - index * RS_BLOCK_SIZE;
 		rs_block *blk;
+		uint64_t take;
 		int err;
 
-		err = rs_cache_get(fs->cache, c->id, index, blen, build_block,
-				   &bj, &blk);
+		err = rs_fs_get_block(fs, c, index, &blk);
 		if (err)
 			return err;
 		err = hold_block(r, blk);
@@ -114,6 +123,7 @@ static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 			rs_cache_release(fs->cache, blk);
 			return err;
 		}
+		take = rs_block_len(blk) - in < len ? rs_block_len(blk) - in : len;
 		err = add_mem(r, rs_block_data(blk) + in, take);
 		if (err)
 			return err;
@@ -175,8 +185,38 @@ int rs_fs_check_sources(rs_fs *fs, const rs_vnode *n)
 	return 0;
 }
 
-void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n, size_t size,
-		off_t off)
+/* A read that continues the last one on its handle asks for the window
+ * ahead of it, once per block boundary crossed. */
+static void read_ahead(rs_fs *fs, rs_open_file *of, uint64_t off,
+		       uint64_t end)
+{
+	uint64_t last = atomic_exchange(&of->last_end, end);
+	uint64_t want = end + RS_PREFETCH_AHEAD, to;
+
+	if (off != 0 && (off + RS_MAX_READ < last || last + RS_MAX_READ < off))
+		return;   /* not sequential */
+	to = atomic_load(&of->prefetched_to);
+	if (off == 0) {
+		uint32_t prev = rs_prefetch_prev_sibling(&fs->tree, of->node);
+
+		to = 0;
+		atomic_store(&of->in_dir_order, prev != UINT32_MAX &&
+			     atomic_load(&fs->last_finished) == prev + 1);
+	}
+	if (end == fs->tree.nodes[of->node].size)
+		atomic_store(&fs->last_finished, of->node + 1);
+	if (want <= to)
+		return;
+	want = (want + RS_BLOCK_SIZE - 1) / RS_BLOCK_SIZE * RS_BLOCK_SIZE;
+	atomic_store(&of->prefetched_to, want);
+	if (to < end)
+		to = end;
+	rs_prefetch_window(fs->prefetch, of->node, to, want - to,
+			   atomic_load(&of->in_dir_order));
+}
+
+void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
+		rs_open_file *of, size_t size, off_t off)
 {
 	reply r = { 0 };
 	uint64_t pos = (uint64_t)off, end;
@@ -188,6 +228,8 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n, size_t size,
 		return;
 	}
 	end = n->size - pos < size ? n->size : pos + size;
+	if (of)
+		read_ahead(fs, of, pos, end);
 	err = rs_fs_check_sources(fs, n);
 	if (err)
 		goto fail;

@@ -14,9 +14,14 @@
 #include <unistd.h>
 
 #include "gpu/executor.h"
+#include "gpu/mapped_copy.h"
 
 #define PIECE_BYTES (1u << 20)
 #define MAX_IOV 1024
+/* Strided source rows shorter than this are gathered through a mapping
+ * (one memcpy per row) instead of one pread per row; longer rows amortise
+ * the system call.  Measured: BENCHMARKS.md, "strided gathers". */
+#define MAPPED_ROW_MAX (64u << 10)
 
 typedef struct {
 	pthread_t *threads;
@@ -86,6 +91,27 @@ static int read_rows_scatter(int fd, uint8_t *dst, const rs_copy_op *op,
 	return 0;
 }
 
+/* Rows strided in the source: short rows through a mapping, the rest (and
+ * any row when mapping is unavailable) one pread each. */
+static int read_rows_strided(int fd, uint8_t *dst, const rs_copy_op *op,
+			     uint64_t row, uint64_t rows)
+{
+	int err = -ENOTSUP;
+
+	if (op->len < MAPPED_ROW_MAX)
+		err = rs_mapped_gather(fd, dst + op->dst_off + row * op->dst_stride,
+				       op->dst_stride,
+				       op->src_off + row * op->src_stride,
+				       op->src_stride, op->len, rows);
+	if (err != -ENOTSUP && err != -ENOMEM && err != -ENODEV)
+		return err;
+	err = 0;
+	for (uint64_t r = row; r < row + rows && !err; r++)
+		err = read_full(fd, dst + op->dst_off + r * op->dst_stride,
+				op->len, op->src_off + r * op->src_stride);
+	return err;
+}
+
 static int exec_piece(rs_exec_job *job, const rs_exec_piece *p)
 {
 	const rs_copy_op *op = &job->ops[p->op];
@@ -101,13 +127,10 @@ static int exec_piece(rs_exec_job *job, const rs_exec_piece *p)
 			rs_sources_count_read(job->sources, p->bytes);
 		return err;
 	}
-	if (op->src_stride == op->len) {
+	if (op->src_stride == op->len)
 		err = read_rows_scatter(fd, job->dst, op, p->row, p->rows);
-	} else {
-		for (uint64_t r = p->row; r < p->row + p->rows && !err; r++)
-			err = read_full(fd, job->dst + op->dst_off + r * op->dst_stride,
-					op->len, op->src_off + r * op->src_stride);
-	}
+	else
+		err = read_rows_strided(fd, job->dst, op, p->row, p->rows);
 	if (!err)
 		rs_sources_count_read(job->sources, p->rows * op->len);
 	return err;

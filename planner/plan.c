@@ -288,6 +288,48 @@ bool rs_plan_is_runs(const rs_plan *p)
 	return true;
 }
 
+int rs_plan_unroll_rows(rs_plan *p, uint64_t min_len, size_t max_runs)
+{
+	rs_plan runs;
+	size_t n = 0;
+	int err = 0;
+
+	for (size_t i = 0; i < p->count; i++) {
+		const rs_copy_op *op = &p->ops[i];
+
+		if (op->count > 1 && op->len < min_len)
+			return -E2BIG;
+		if (op->count > max_runs - n)
+			return -E2BIG;
+		n += op->count;
+	}
+	rs_plan_init(&runs);
+	runs.size = p->size;
+	for (size_t i = 0; i < p->count && !err; i++) {
+		const rs_copy_op *op = &p->ops[i];
+
+		for (uint64_t r = 0; r < op->count && !err; r++) {
+			rs_copy_op row = {
+				.source = op->source,
+				.src_off = op->src_off + r * op->src_stride,
+				.dst_off = op->dst_off + r * op->dst_stride,
+				.len = op->len,
+				.count = 1,
+			};
+
+			err = push(&runs, row);
+		}
+	}
+	if (err) {
+		rs_plan_free(&runs);
+		return err;
+	}
+	sort_and_merge(&runs);
+	rs_plan_free(p);
+	*p = runs;
+	return 0;
+}
+
 uint64_t rs_plan_source_bytes(const rs_plan *p)
 {
 	return p->covered;

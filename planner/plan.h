@@ -67,6 +67,13 @@ int rs_plan_slice(const rs_plan *in, uint64_t begin, uint64_t end,
  * destination is then a concatenation of source byte ranges and zeros. */
 bool rs_plan_is_runs(const rs_plan *p);
 
+/* Rewrites `p` in place as single runs, one per row, sorted by destination,
+ * when every strided op's rows are at least `min_len` bytes and the result
+ * has at most `max_runs` runs: long rows are then served zero-copy like any
+ * contiguous range.  Returns 0 (p is now runs), -E2BIG (rows too short or
+ * too many; p unchanged) or -ENOMEM (p unchanged). */
+int rs_plan_unroll_rows(rs_plan *p, uint64_t min_len, size_t max_runs);
+
 /* Source bytes the plan reads. */
 uint64_t rs_plan_source_bytes(const rs_plan *p);
 

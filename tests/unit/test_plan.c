@@ -6,12 +6,14 @@
  * compared, element by element, with the value formula: g+1 inside the
  * stored tensor, 0 outside it (vocab rows past the stored ones, padding).
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner/catalog.h"
 #include "planner/plan.h"
+#include "planner/vtree.h"
 #include "tests/unit/check.h"
 
 typedef struct {
@@ -132,6 +134,30 @@ static int check_grid(fixture *f, const uint64_t *tshape, const uint64_t *tchunk
 		CHECK(bad == 0);
 		runs += rs_plan_is_runs(&p);
 
+		/* Unrolled into one run per row, the plan builds the same bytes;
+		 * rows shorter than asked leave it unchanged. */
+		{
+			rs_plan u = p;
+			uint8_t *again = malloc(p.size);
+			bool strided = !rs_plan_is_runs(&p);
+
+			u.ops = malloc(p.count * sizeof(*p.ops) + 1);
+			memcpy(u.ops, p.ops, p.count * sizeof(*p.ops));
+			u.cap = p.count;
+			CHECK(rs_plan_unroll_rows(&u, UINT64_MAX, SIZE_MAX) ==
+			      (strided ? -E2BIG : 0));
+			CHECK(u.count == p.count || !strided);
+			CHECK(rs_plan_unroll_rows(&u, 1, SIZE_MAX) == 0);
+			CHECK(rs_plan_is_runs(&u) && u.covered == p.covered);
+			for (size_t k = 1; k < u.count; k++)
+				CHECK(u.ops[k - 1].dst_off + u.ops[k - 1].len <=
+				      u.ops[k].dst_off);
+			run(f, &u, again);
+			CHECK(memcmp(again, dst, p.size) == 0);
+			free(again);
+			rs_plan_free(&u);
+		}
+
 		/* Any slice of the plan builds the same bytes as the whole. */
 		for (int s = 0; s < 20 && p.size > 1; s++) {
 			uint64_t a = (uint64_t)rand() % p.size;
@@ -226,12 +252,53 @@ static void test_make_regular(void)
 	}
 }
 
+/* The tree's (directory, name) index: the same names in two directories,
+ * thousands of children (the index grows several times), duplicates
+ * refused, misses reported. */
+static void test_vtree_names(void)
+{
+	struct timespec now = { 0 };
+	uint32_t dirs[2], idx, got, n = 5000;
+	rs_vtree t;
+	char name[32];
+	bool ok = true;
+
+	CHECK(rs_vtree_init(&t, now) == 0);
+	CHECK(rs_vtree_lookup(&t, 0, "a", &got) == -ENOENT);
+	CHECK(rs_vtree_add_dir(&t, 0, "a", now, &dirs[0]) == 0);
+	CHECK(rs_vtree_add_dir(&t, 0, "b", now, &dirs[1]) == 0);
+	CHECK(rs_vtree_add_dir(&t, 0, "a", now, &idx) == -EEXIST);
+	for (uint32_t i = 0; i < n; i++)
+		for (int d = 0; d < 2; d++) {
+			snprintf(name, sizeof(name), "%u.0", i);
+			ok &= rs_vtree_add_file(&t, dirs[d], name, now, &idx) == 0;
+			ok &= idx == 3 + 2 * i + (uint32_t)d;
+		}
+	CHECK(ok);
+	CHECK(t.count == 3 + 2 * n);
+	CHECK(rs_vtree_add_file(&t, dirs[1], "17.0", now, &idx) == -EEXIST);
+	CHECK(rs_vtree_add_dir(&t, dirs[0], "4999.0", now, &idx) == -EEXIST);
+	for (uint32_t i = 0; i < n; i++)
+		for (int d = 0; d < 2; d++) {
+			snprintf(name, sizeof(name), "%u.0", i);
+			ok &= rs_vtree_lookup(&t, dirs[d], name, &got) == 0 &&
+			      got == 3 + 2 * i + (uint32_t)d;
+		}
+	CHECK(ok);
+	CHECK(rs_vtree_lookup(&t, dirs[0], "5000.0", &got) == -ENOENT);
+	CHECK(rs_vtree_lookup(&t, 0, "17.0", &got) == -ENOENT);
+	CHECK(rs_vtree_lookup(&t, 0, "b", &got) == 0 && got == dirs[1]);
+	CHECK(t.nodes[dirs[0]].nchildren == n && t.nodes[0].nchildren == 2);
+	rs_vtree_free(&t);
+}
+
 int main(void)
 {
 	fixture f;
 
 	test_strided_fragment();
 	test_make_regular();
+	test_vtree_names();
 
 	srand(7);
 	{ /* column-parallel split tp2 -> tp8: contiguous ranges only */
