@@ -188,8 +188,12 @@ static bool dir_entry(rs_fs *fs, fuse_ino_t ino, off_t i, const char **name,
 	return true;
 }
 
-static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
-		       off_t off, struct fuse_file_info *fi)
+/* readdir and readdirplus.  With `plus`, entries carry their attributes,
+ * so `ls -l` and `find -size` of a fresh mount need no LOOKUP per file;
+ * "." and ".." go without (ino 0), as libfuse asks, so they add no lookup
+ * count. */
+static void list_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		     bool plus)
 {
 	rs_fs *fs = fs_of(req);
 	char *buf = malloc(size);
@@ -202,21 +206,44 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
 		return;
 	}
 	for (off_t i = off; dir_entry(fs, ino, i, &name, &child); i++) {
-		struct stat st = { 0 };
+		struct fuse_entry_param e = { 0 };
 		const rs_vnode *c = node_of(fs, child);
 		size_t n;
 
-		st.st_ino = child;
-		st.st_mode = (child == fs->stats_ino || (c && !c->is_dir))
-				     ? S_IFREG : S_IFDIR;
-		n = fuse_add_direntry(req, buf + used, size - used, name, &st,
-				      i + 1);
+		e.attr.st_ino = child;
+		e.attr.st_mode = (child == fs->stats_ino || (c && !c->is_dir))
+					 ? S_IFREG : S_IFDIR;
+		if (plus && i >= 2) {
+			e.ino = child;
+			e.generation = 1;
+			e.attr_timeout = RS_TIMEOUT;
+			e.entry_timeout = RS_TIMEOUT;
+			fill_attr(fs, child, &e.attr);
+		}
+		n = plus ? fuse_add_direntry_plus(req, buf + used, size - used,
+						  name, &e, i + 1)
+			 : fuse_add_direntry(req, buf + used, size - used, name,
+					     &e.attr, i + 1);
 		if (n > size - used)
 			break;
 		used += n;
 	}
 	fuse_reply_buf(req, buf, used);
 	free(buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size,
+		       off_t off, struct fuse_file_info *fi)
+{
+	(void)fi;
+	list_dir(req, ino, size, off, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, struct fuse_file_info *fi)
+{
+	(void)fi;
+	list_dir(req, ino, size, off, true);
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -324,8 +351,20 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	size_t len;
 	int err;
 
+	if (!valid_ino(fs, ino)) {
+		fuse_reply_err(req, ENOENT);
+		return;
+	}
+	/* Only user.* names exist here.  EOPNOTSUPP (not ENODATA) for
+	 * security.* and system.* tells ls -l, which asks for
+	 * security.selinux and system.posix_acl_access of every file, that
+	 * the filesystem has none: it stops asking for the whole device. */
+	if (strncmp(name, "user.", 5) != 0) {
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
 	if (!n || n->is_dir || strcmp(name, RS_XATTR_SOURCES) != 0) {
-		fuse_reply_err(req, valid_ino(fs, ino) ? ENODATA : ENOENT);
+		fuse_reply_err(req, ENODATA);
 		return;
 	}
 	err = rs_fs_sources_xattr(fs, n, &value, &len);
@@ -398,6 +437,7 @@ const struct fuse_lowlevel_ops rs_fs_ops = {
 	.getattr = op_getattr,
 	.opendir = op_opendir,
 	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
 	.open = op_open,
 	.read = op_read,
 	.release = op_release,

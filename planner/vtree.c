@@ -47,19 +47,65 @@ void rs_vtree_free(rs_vtree *t)
 	}
 	free(t->chunks);
 	free(t->nodes);
+	free(t->slots);
 	memset(t, 0, sizeof(*t));
+}
+
+static uint64_t name_hash(uint32_t dir, const char *name)
+{
+	uint64_t h = 1469598103934665603ull ^ dir;
+
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	return h ^ (h >> 31);
+}
+
+static void index_insert(uint32_t *slots, uint64_t mask, const rs_vtree *t,
+			 uint32_t node)
+{
+	uint64_t s = name_hash(t->nodes[node].parent, t->nodes[node].name) &
+		     mask;
+
+	while (slots[s])
+		s = (s + 1) & mask;
+	slots[s] = node + 1;
+}
+
+/* Room in the index for one more node (nodes 1 .. count). */
+static int index_reserve(rs_vtree *t)
+{
+	uint64_t size = t->slots ? t->mask + 1 : 64;
+	uint32_t *slots;
+
+	if (t->slots && ((uint64_t)t->count + 1) * 2 <= size)
+		return 0;
+	while (((uint64_t)t->count + 1) * 2 > size)
+		size *= 2;
+	slots = calloc(size, sizeof(uint32_t));
+	if (!slots)
+		return -ENOMEM;
+	for (uint32_t i = 1; i < t->count; i++)
+		index_insert(slots, size - 1, t, i);
+	free(t->slots);
+	t->slots = slots;
+	t->mask = size - 1;
+	return 0;
 }
 
 int rs_vtree_lookup(const rs_vtree *t, uint32_t dir, const char *name,
 		    uint32_t *index)
 {
-	const rs_vnode *d = &t->nodes[dir];
+	if (!t->slots)
+		return -ENOENT;
+	for (uint64_t s = name_hash(dir, name) & t->mask; t->slots[s];
+	     s = (s + 1) & t->mask) {
+		const rs_vnode *n = &t->nodes[t->slots[s] - 1];
 
-	for (uint32_t i = 0; i < d->nchildren; i++)
-		if (strcmp(t->nodes[d->children[i]].name, name) == 0) {
-			*index = d->children[i];
+		if (n->parent == dir && strcmp(n->name, name) == 0) {
+			*index = t->slots[s] - 1;
 			return 0;
 		}
+	}
 	return -ENOENT;
 }
 
@@ -80,6 +126,9 @@ static int add_node(rs_vtree *t, uint32_t parent, const char *name,
 		   sizeof(uint32_t));
 	if (err)
 		return err;
+	err = index_reserve(t);
+	if (err)
+		return err;
 	n = &t->nodes[t->count];
 	memset(n, 0, sizeof(*n));
 	n->name = strdup(name);
@@ -89,6 +138,7 @@ static int add_node(rs_vtree *t, uint32_t parent, const char *name,
 	n->is_dir = is_dir;
 	n->mtime = mtime;
 	t->nodes[parent].children[t->nodes[parent].nchildren++] = t->count;
+	index_insert(t->slots, t->mask, t, t->count);
 	*index = t->count++;
 	return 0;
 }
@@ -233,7 +283,9 @@ int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan)
 	uint64_t at = 0;
 	int err = 0;
 
-	if (!rs_plan_is_runs(plan)) {
+	if (!rs_plan_is_runs(plan) &&
+	    rs_plan_unroll_rows(plan, RS_VTREE_SPLICE_MIN_ROW,
+				RS_VTREE_SPLICE_MAX_RUNS) != 0) {
 		err = rs_vtree_add_chunk(t, plan, &c);
 		if (err)
 			goto out;

@@ -72,6 +72,11 @@ typedef struct {
 	size_t cap;
 	rs_chunk **chunks;
 	size_t nchunks, cap_chunks;
+	/* (parent, name) -> node index + 1 (0 = empty), open addressing at
+	 * most half full: O(1) duplicate checks while building, so a
+	 * directory of many thousand chunk files is not quadratic. */
+	uint32_t *slots;
+	uint64_t mask;
 } rs_vtree;
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime);
@@ -96,9 +101,15 @@ int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
 /* Takes ownership of *plan (left empty) as a new chunk. */
 int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out);
 
+/* Strided rows at least this long are served as SOURCE segments, one per
+ * row (zero-copy), up to this many rows per plan. */
+#define RS_VTREE_SPLICE_MIN_ROW (64u << 10)
+#define RS_VTREE_SPLICE_MAX_RUNS 4096u
+
 /* Appends a whole plan's destination to a file: as SOURCE and ZERO
- * segments when it is a concatenation of source runs (zero-copy), else as
- * one TENSOR segment over a new chunk.  Takes ownership of *plan. */
+ * segments when it is a concatenation of source runs, or of strided rows
+ * of at least RS_VTREE_SPLICE_MIN_ROW bytes (zero-copy), else as one
+ * TENSOR segment over a new chunk.  Takes ownership of *plan. */
 int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan);
 
 /* Index of the segment holding file byte `off` (off < size). */

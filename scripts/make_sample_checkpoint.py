@@ -112,17 +112,26 @@ def zarray_dict(shape, chunks, dtype):
     }
 
 
+def _write_zarray(d, shape, chunks, dtype_name):
+    os.makedirs(d, exist_ok=True)
+    _write_text(os.path.join(d, ".zarray"),
+                json.dumps(zarray_dict(shape, chunks, dtype_name),
+                           indent=4, sort_keys=True))
+    return [-(-s // c) for s, c in zip(shape, chunks)]
+
+
+def chunk_file_name(idx):
+    """zarr v2 chunk key with "." separators; "0" for a 0-d array."""
+    return ".".join(str(i) for i in idx) if idx else "0"
+
+
 def write_zarr_array(outdir, key, arr, chunks, dtype_name):
     """Write ``arr`` (already in its storage dtype, C order) as a zarr v2
     array directory with uncompressed chunks named ``i.j.k``.  Edge chunks
     (shape not a multiple of chunks) are stored zero padded at full size."""
     d = os.path.join(outdir, key)
-    os.makedirs(d, exist_ok=True)
     shape = arr.shape
-    _write_text(os.path.join(d, ".zarray"),
-                json.dumps(zarray_dict(shape, chunks, dtype_name),
-                           indent=4, sort_keys=True))
-    grid = [-(-s // c) for s, c in zip(shape, chunks)]
+    grid = _write_zarray(d, shape, chunks, dtype_name)
     for idx in itertools.product(*[range(g) for g in grid]):
         box = tuple(slice(i * c, min((i + 1) * c, s))
                     for i, c, s in zip(idx, chunks, shape))
@@ -131,10 +140,30 @@ def write_zarr_array(outdir, key, arr, chunks, dtype_name):
             full = np.zeros(chunks, dtype=arr.dtype)
             full[tuple(slice(0, n) for n in piece.shape)] = piece
             piece = full
-        name = ".".join(str(i) for i in idx) if idx else "0"
+        name = chunk_file_name(idx)
         with open(os.path.join(d, name), "wb") as f:
             f.write(np.ascontiguousarray(piece).astype(
                 piece.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def write_sparse_zarr_array(outdir, key, shape, chunks, dtype_name):
+    """Same directory as write_zarr_array (same .zarray, same chunk names
+    and sizes) but every chunk file is a hole made with os.truncate: the
+    apparent size is exact, no data block is written and every value
+    reads as 0.  Returns (chunk files, their apparent bytes)."""
+    d = os.path.join(outdir, key)
+    grid = _write_zarray(d, shape, chunks, dtype_name)
+    nbytes = int(np.dtype(dtype_name if dtype_name != "bfloat16"
+                          else "<u2").itemsize)
+    for c in chunks:
+        nbytes *= c
+    n = 0
+    for idx in itertools.product(*[range(g) for g in grid]):
+        path = os.path.join(d, chunk_file_name(idx))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.truncate(path, nbytes)
+        n += 1
+    return n, n * nbytes
 
 
 class _Data:
@@ -209,10 +238,17 @@ def stored_layout(shape, kind, tp, padded):
 
 def make_checkpoint(outdir, tp, layers=4, hidden=64, ffn=128, heads=4,
                     groups=2, vocab=1000, divisor=128, prefix="", seed=0,
-                    optimizer=True, fast=False, iteration=1000):
+                    optimizer=True, fast=False, iteration=1000,
+                    sparse=False):
     """Write the checkpoint into ``outdir`` (created if needed) and return a
     small manifest dict: {"tp", "padded_vocab", "arrays": {key: (shape,
-    chunks, dtype)}}."""
+    chunks, dtype)}}.
+
+    ``sparse=True`` writes the same tree (same metadata.json, common.pt,
+    .zarray files, chunk names and sizes, ShardedObjects) but every chunk
+    file is a hole of the right size (os.truncate, never written), so a
+    70B catalog costs only metadata blocks; all tensor values read as 0.
+    The manifest then also holds "chunk_files" and "apparent_bytes"."""
     if tp < 1:
         raise ValueError("tp must be >= 1")
     if hidden % heads or heads % groups:
@@ -244,11 +280,26 @@ def make_checkpoint(outdir, tp, layers=4, hidden=64, ffn=128, heads=4,
               "opt_param_scheduler": {"num_steps": iteration}},
              os.path.join(outdir, "common.pt"))
 
-    data = _Data(seed, fast)
+    data = None if sparse else _Data(seed, fast)
     manifest = {"tp": tp, "padded_vocab": P, "arrays": {}}
+    if sparse:
+        manifest["chunk_files"] = 0
+        manifest["apparent_bytes"] = 0
     for key, shape, kind in model_tensors(L, hidden, ffn, heads, groups,
                                           vocab):
         sshape, chunks = stored_layout(shape, kind, tp, P)
+        if sparse:
+            full_key = prefix + key
+            keys = [(full_key, "bfloat16")]
+            keys += [(f"optimizer.state.{st}.{full_key}", "<f4")
+                     for st in (OPTIMIZER_STATES if optimizer else ())]
+            for k, dt in keys:
+                n, nb = write_sparse_zarr_array(outdir, k, sshape, chunks,
+                                                dt)
+                manifest["arrays"][k] = (sshape, chunks, dt)
+                manifest["chunk_files"] += n
+                manifest["apparent_bytes"] += nb
+            continue
         # logical values are independent of tp: draw the unpadded tensor
         if kind.startswith("norm"):
             master = (np.float32(1.0) + data.normal(shape, 0.1))
@@ -316,13 +367,16 @@ def main(argv=None):
     ap.add_argument("--no-optimizer", action="store_true")
     ap.add_argument("--fast", action="store_true",
                     help="tile one random pool (for multi-GB checkpoints)")
+    ap.add_argument("--sparse", action="store_true",
+                    help="chunk files are holes of the right size (all "
+                         "zeros, almost no disk): for catalog-scale tests")
     a = ap.parse_args(argv)
     try:
         m = make_checkpoint(a.outdir, a.tp, layers=a.layers, hidden=a.hidden,
                             ffn=a.ffn, heads=a.heads, groups=a.groups,
                             vocab=a.vocab, divisor=a.divisor, prefix=a.prefix,
                             seed=a.seed, optimizer=not a.no_optimizer,
-                            fast=a.fast)
+                            fast=a.fast, sparse=a.sparse)
     except ValueError as e:
         print(f"make_sample_checkpoint: {e}", file=sys.stderr)
         return 2
