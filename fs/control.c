@@ -31,7 +31,6 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     "  \"cache_cold_blocks\": %llu,\n"
 		     "  \"cache_evictions\": %llu,\n"
 		     "  \"prefetch_blocks\": %llu,\n"
-		     "  \"prefetch_advised\": %llu,\n"
 		     "  \"executor\": \"%s\",\n"
 		     "  \"format\": \"%s\",\n"
 		     "  \"view_format\": \"%s\",\n"
@@ -51,7 +50,6 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
-		     (unsigned long long)rs_prefetch_advised(fs->prefetch),
 		     rs_executor_name(fs->exec), rs_format_name(fs->ck.format),
 		     rs_format_name(fs->view_format),
 		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,

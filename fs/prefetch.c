@@ -2,7 +2,6 @@
 #include "fs/prefetch.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -15,10 +14,8 @@
 #define MAX_NEXT_FILES 4
 
 typedef struct {
-	const rs_chunk *chunk;   /* a block to build: chunk and index, or */
+	const rs_chunk *chunk;   /* a block to build */
 	uint64_t index;
-	uint32_t source;         /* (chunk NULL) a source range to advise */
-	uint64_t offset, len;
 } request;
 
 struct rs_prefetch {
@@ -30,13 +27,12 @@ struct rs_prefetch {
 	request queue[QUEUE_LEN];
 	unsigned head, count;
 	bool stop;
-	_Atomic uint64_t blocks, advised;
+	_Atomic uint64_t blocks;
 };
 
 static bool same(const request *a, const request *b)
 {
-	return a->chunk == b->chunk && a->index == b->index &&
-	       a->source == b->source && a->offset == b->offset;
+	return a->chunk == b->chunk && a->index == b->index;
 }
 
 /* Queues a request unless full or already queued (lock taken here). */
@@ -58,21 +54,12 @@ static void enqueue(rs_prefetch *p, const request *r)
 
 static void run(rs_prefetch *p, const request *r)
 {
-	if (r->chunk) {
-		rs_block *blk;
+	rs_block *blk;
 
-		if (rs_fs_get_block(p->fs, r->chunk, r->index, &blk) == 0) {
-			rs_cache_release(p->fs->cache, blk);
-			atomic_fetch_add(&p->blocks, 1);
-		}
-		return;
+	if (rs_fs_get_block(p->fs, r->chunk, r->index, &blk) == 0) {
+		rs_cache_release(p->fs->cache, blk);
+		atomic_fetch_add(&p->blocks, 1);
 	}
-	int fd;
-
-	if (rs_sources_fd(p->fs->ck.sources, r->source, &fd) == 0 &&
-	    posix_fadvise(fd, (off_t)r->offset, (off_t)r->len,
-			  POSIX_FADV_WILLNEED) == 0)
-		atomic_fetch_add(&p->advised, 1);
 }
 
 static void *worker(void *arg)
@@ -114,12 +101,7 @@ static uint64_t window_in_file(rs_prefetch *p, const rs_vnode *n,
 							  : s->length;
 		request r = { 0 };
 
-		if (s->kind == RS_SEG_SOURCE) {
-			r.source = s->u.source.index;
-			r.offset = s->u.source.offset + lo;
-			r.len = hi - lo;
-			enqueue(p, &r);
-		} else if (s->kind == RS_SEG_TENSOR) {
+		if (s->kind == RS_SEG_TENSOR) {
 			const rs_chunk *c = s->u.tensor.chunk;
 			uint64_t first = (s->u.tensor.offset + lo) / RS_BLOCK_SIZE;
 			uint64_t last = (s->u.tensor.offset + hi - 1) / RS_BLOCK_SIZE;
@@ -188,11 +170,6 @@ void rs_prefetch_window(rs_prefetch *p, uint32_t node, uint64_t from,
 uint64_t rs_prefetch_blocks(const rs_prefetch *p)
 {
 	return p ? atomic_load(&((rs_prefetch *)p)->blocks) : 0;
-}
-
-uint64_t rs_prefetch_advised(const rs_prefetch *p)
-{
-	return p ? atomic_load(&((rs_prefetch *)p)->advised) : 0;
 }
 
 int rs_prefetch_start(rs_prefetch **out, rs_fs *fs, unsigned threads)

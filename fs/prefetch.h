@@ -5,9 +5,10 @@
  * a whole block to be gathered.  When a read continues where the last one
  * on the same open file ended, the read path asks for the next window: the
  * tensor blocks in it are built into the cache on the prefetch threads
- * (through the executor, like any miss), and source ranges in it are
- * announced to the kernel (POSIX_FADV_WILLNEED) so a cold source is on its
- * way from disk.  A reader that walks a directory in readdir order (it
+ * (through the executor, like any miss).  Source ranges served zero-copy
+ * are left to the kernel's own readahead on the source file: announcing
+ * them as well (POSIX_FADV_WILLNEED) measured 25% slower from a cold
+ * source (BENCHMARKS.md).  A reader that walks a directory in readdir order (it
  * opened the file after the one it last read to the end) also gets the
  * window continued past the end of a file into the next files, so `cp -r`
  * and a loader walking a directory find the next file's first block ready;
@@ -46,8 +47,7 @@ void rs_prefetch_window(rs_prefetch *p, uint32_t node, uint64_t from,
 /* The file before `node` in its directory's readdir order, or UINT32_MAX. */
 uint32_t rs_prefetch_prev_sibling(const rs_vtree *t, uint32_t node);
 
-/* Blocks built and source ranges advised so far. */
+/* Blocks built ahead of readers so far. */
 uint64_t rs_prefetch_blocks(const rs_prefetch *p);
-uint64_t rs_prefetch_advised(const rs_prefetch *p);
 
 #endif
