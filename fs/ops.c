@@ -145,17 +145,8 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino,
 		return;
 	}
 	fi->cache_readdir = 1;
-	rs_open_file *of = calloc(1, sizeof(*of));
-
-	if (!of) {
-		fuse_reply_err(req, ENOMEM);
-		return;
-	}
-	of->node = (uint32_t)(ino - 1);
-	fi->fh = (uint64_t)(uintptr_t)of;
 	fi->keep_cache = 1;
-	if (fuse_reply_open(req, fi) != 0)
-		free(of);   /* the open was interrupted: no release follows */
+	fuse_reply_open(req, fi);
 }
 
 /* Entry `i` of a directory: 0 is ".", 1 is "..", then the children. */

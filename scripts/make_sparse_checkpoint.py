@@ -33,22 +33,12 @@ import sys
 from pathlib import Path
 
 
-def _reexec_in_venv():
-    """Run under the repo's .venv when this python lacks numpy."""
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        venv = Path(__file__).resolve().parents[1] / ".venv"
-        py = venv / "bin" / "python"
-        if py.exists() and Path(sys.prefix).resolve() != venv.resolve():
-            os.execv(str(py), [str(py), *sys.argv])
-        raise
-
-
-if __name__ == "__main__":
-    _reexec_in_venv()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import venv_python  # noqa: E402
+
+if __name__ == "__main__":
+    venv_python.reexec_if_needed()
 
 import make_sample_checkpoint as msc  # noqa: E402
 

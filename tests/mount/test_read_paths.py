@@ -58,20 +58,20 @@ def test_long_strided_rows_are_zero_copy(sample, mount):
     assert stats(m)["cache_misses"] > 0
 
 
-def sequential_sample(sample):
-    # fp32 fc2 state at tp=2 from tp=1: [1, 512, 4096] of 16 KiB rows,
-    # 8 MiB per file = two 4 MiB blocks, built by the executor.
-    return sample(1, layers=1, hidden=512, ffn=8192, heads=4, groups=2,
-                  vocab=256, divisor=8)
+def mounted_state_view(sample, mount):
+    """(mount, oracle) of a tp=2 view of a tp=1 sample whose fp32 fc2
+    state files are [1, 512, 4096] of 16 KiB rows: 8 MiB per file, two
+    4 MiB blocks built by the executor."""
+    src = sample(1, layers=1, hidden=512, ffn=8192, heads=4, groups=2,
+                 vocab=256, divisor=8)
+    return mount(src, ["tp=2", "cache_size=64M"]), ExpectedView(src, 2)
 
 
 STATE = "optimizer.state.exp_avg." + FC2
 
 
 def test_sequential_reader_gets_prefetch(sample, mount):
-    src = sequential_sample(sample)
-    exp = ExpectedView(src, 2)
-    m = mount(src, ["tp=2", "cache_size=64M"])
+    m, exp = mounted_state_view(sample, mount)
     rel = f"{STATE}/0.0.0"
     want = exp.read(rel)
     assert len(want) == 8 << 20
@@ -86,9 +86,7 @@ def test_sequential_reader_gets_prefetch(sample, mount):
 
 
 def test_random_reader_gets_no_prefetch(sample, mount):
-    src = sequential_sample(sample)
-    exp = ExpectedView(src, 2)
-    m = mount(src, ["tp=2", "cache_size=64M"])
+    m, exp = mounted_state_view(sample, mount)
     rel = f"{STATE}/0.0.1"
     want = exp.read(rel)
     rng = random.Random(5)
@@ -105,9 +103,7 @@ def test_random_reader_gets_no_prefetch(sample, mount):
 
 
 def test_cp_r_prefetches_into_next_files(sample, mount, tmp_path):
-    src = sequential_sample(sample)
-    exp = ExpectedView(src, 2)
-    m = mount(src, ["tp=2", "cache_size=64M"])
+    m, exp = mounted_state_view(sample, mount)
     dst = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(m.mnt / STATE), str(dst)], check=True)
     names = sorted(p.name for p in dst.iterdir())
