@@ -2,6 +2,7 @@
  * many concurrent jobs, and errors (short source, changed source). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -148,7 +149,11 @@ int main(void)
 		fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
 		CHECK(fd >= 0 && write(fd, content, 5000) == 5000);
 		memset(buf, 0xEE, sizeof(buf));
-		CHECK(rs_mapped_gather(fd, buf, 100, 37, 1000, 100, 5) == 0);
+		if (rs_mapped_gather(fd, buf, 100, 37, 1000, 100, 5) == -ENOTSUP) {
+			/* A sanitizer owns SIGBUS: the executor preads instead. */
+			printf("mapped gathers skipped: SIGBUS has another handler\n");
+			goto mapped_done;
+		}
 		for (int r = 0; r < 5; r++)
 			CHECK(memcmp(buf + r * 100, content + 37 + r * 1000,
 				     100) == 0);
@@ -156,6 +161,7 @@ int main(void)
 		CHECK(rs_mapped_gather(fd, buf, 100, 4000, 4000, 100, 3) == -EIO);
 		CHECK(rs_mapped_gather(fd, buf, 100, 0, UINT64_MAX / 2, 100, 3) ==
 		      -EOVERFLOW);
+mapped_done:
 		close(fd);
 		unlink(path);
 	}
