@@ -58,6 +58,11 @@ typedef struct {
 	/* This file follows, in readdir order, the last file read to its
 	 * end: prefetch may run on into the files after it. */
 	_Atomic bool in_dir_order;
+	/* Bumped (release) when a read is done with the record and read
+	 * (acquire) before release frees it.  The kernel already orders the
+	 * two - RELEASE comes after every READ's reply - but through
+	 * /dev/fuse, where thread checkers cannot see it. */
+	_Atomic uint64_t reads_done;
 } rs_open_file;
 
 extern const struct fuse_lowlevel_ops rs_fs_ops;

@@ -310,9 +310,14 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	/* The stats text or the rs_open_file made at open. */
-	(void)ino;
-	free((void *)(uintptr_t)fi->fh);
+	if (ino != fs_of(req)->stats_ino) {
+		rs_open_file *of = (rs_open_file *)(uintptr_t)fi->fh;
+
+		atomic_load_explicit(&of->reads_done, memory_order_acquire);
+		free(of);
+	} else {
+		free((void *)(uintptr_t)fi->fh);   /* the stats text */
+	}
 	fuse_reply_err(req, 0);
 }
 

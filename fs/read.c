@@ -228,8 +228,11 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		return;
 	}
 	end = n->size - pos < size ? n->size : pos + size;
-	if (of)
+	if (of) {
 		read_ahead(fs, of, pos, end);
+		atomic_fetch_add_explicit(&of->reads_done, 1,
+					  memory_order_release);
+	}
 	err = rs_fs_check_sources(fs, n);
 	if (err)
 		goto fail;
