@@ -16,7 +16,6 @@
 
 #include "formats/checkpoint.h"
 #include "fs/cache.h"
-#include "fs/inodes.h"
 #include "fs/prefetch.h"
 #include "gpu/executor.h"
 #include "planner/layout.h"
@@ -34,7 +33,6 @@ struct rs_fs {
 	rs_checkpoint ck;
 	rs_layout layout;
 	rs_vtree tree;
-	rs_inodes inodes;
 	rs_executor *exec;
 	rs_cache *cache;
 	rs_prefetch *prefetch;

@@ -65,9 +65,6 @@ static int build(rs_fs *fs, const rs_options *o)
 				       &fs->tree, d);
 	if (err)
 		goto out_tree; /* a partly built tree is freed too */
-	err = rs_inodes_build(&fs->inodes, &fs->tree);
-	if (err)
-		goto out_tree;
 	for (size_t i = 0; i < fs->ck.catalog.count; i++)
 		if (!fs->layout.targets[i].has_rule)
 			rs_log(RS_LOG_DEBUG, "%s: no sharding rule; stored grid kept",
@@ -98,7 +95,6 @@ static void teardown(rs_fs *fs)
 	rs_prefetch_stop(fs->prefetch);
 	rs_cache_free(fs->cache);
 	rs_executor_destroy(fs->exec);
-	rs_inodes_free(&fs->inodes);
 	rs_vtree_free(&fs->tree);
 	rs_layout_free(&fs->layout);
 	rs_checkpoint_close(&fs->ck);

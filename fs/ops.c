@@ -112,8 +112,8 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, dir ? ENOTDIR : ENOENT);
 		return;
 	}
-	if (rs_inodes_lookup(&fs->inodes, (uint32_t)(parent - 1), name,
-			     &index) != 0) {
+	if (rs_vtree_lookup(&fs->tree, (uint32_t)(parent - 1), name,
+			    &index) != 0) {
 		fuse_reply_err(req, ENOENT);
 		return;
 	}
