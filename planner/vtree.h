@@ -115,7 +115,8 @@ int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan);
 /* Index of the segment holding file byte `off` (off < size). */
 uint32_t rs_vtree_find_segment(const rs_vnode *n, uint64_t off);
 
-/* Child of a directory by name, or -ENOENT. */
+/* Child of a directory by name, or -ENOENT: O(1), through the (parent,
+ * name) hash index; safe from any thread once the tree is built. */
 int rs_vtree_lookup(const rs_vtree *t, uint32_t dir, const char *name,
 		    uint32_t *index);
 
