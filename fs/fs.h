@@ -10,6 +10,7 @@
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,6 +30,8 @@
 /* Blocks a sequential reader asks for ahead of itself (fs/prefetch.h). */
 #define RS_PREFETCH_AHEAD (2 * RS_BLOCK_SIZE)
 
+typedef struct rs_open_file rs_open_file;
+
 struct rs_fs {
 	rs_checkpoint ck;
 	rs_layout layout;
@@ -44,12 +47,19 @@ struct rs_fs {
 	/* Last file a sequential reader read to its end (node index + 1; 0:
 	 * none), to spot readers that walk a directory in readdir order. */
 	_Atomic uint32_t last_finished;
+	pthread_mutex_t open_lock;
+	rs_open_file *open_files;       /* every record not yet released */
 };
 
-/* State of one open view file (fuse_file_info.fh): where the last read
- * ended and how far ahead prefetch has been asked, to spot sequential
- * readers.  Races between reads on one handle only blur the guess. */
-typedef struct {
+/* State of one open file (fuse_file_info.fh): for a view file, where the
+ * last read ended and how far ahead prefetch has been asked, to spot
+ * sequential readers (races between reads on one handle only blur the
+ * guess); for the stats file, the text generated at open.  Records are
+ * kept on a list so that those the kernel never releases (files still open
+ * at unmount) are freed at exit. */
+typedef struct rs_open_file {
+	struct rs_open_file *prev, *next;
+	char *text;                     /* the stats file's JSON, else NULL */
 	uint32_t node;
 	_Atomic uint64_t last_end;
 	_Atomic uint64_t prefetched_to;
@@ -64,6 +74,14 @@ typedef struct {
 } rs_open_file;
 
 extern const struct fuse_lowlevel_ops rs_fs_ops;
+
+/* Open-file records (fs/open_files.c).  new: a zeroed record on the list
+ * (NULL when out of memory); release: off the list and freed, with its
+ * text; free_all: every record left, at exit.  open_lock must have been
+ * initialised. */
+rs_open_file *rs_open_file_new(rs_fs *fs, uint32_t node);
+void rs_open_file_release(rs_fs *fs, rs_open_file *of);
+void rs_open_files_free_all(rs_fs *fs);
 
 /* read(2) of a view file: replies with data or an error.  `of` (may be
  * NULL) is the open file, for sequential-read detection. */

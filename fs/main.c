@@ -92,6 +92,8 @@ out:
 
 static void teardown(rs_fs *fs)
 {
+	rs_open_files_free_all(fs);
+	pthread_mutex_destroy(&fs->open_lock);
 	rs_prefetch_stop(fs->prefetch);
 	rs_cache_free(fs->cache);
 	rs_executor_destroy(fs->exec);
@@ -140,7 +142,7 @@ int main(int argc, char *argv[])
 	struct fuse_loop_config *loop = NULL;
 	struct fuse_session *se = NULL;
 	rs_options o;
-	rs_fs fs = { 0 };
+	rs_fs fs = { .open_lock = PTHREAD_MUTEX_INITIALIZER };
 	rs_diag *d = NULL;
 	int ret = 1;
 

@@ -249,16 +249,21 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	if (ino == fs->stats_ino) {
 		size_t len;
-		char *json = rs_fs_stats_json(fs, &len);
+		rs_open_file *of = rs_open_file_new(fs, UINT32_MAX);
 
-		if (!json) {
+		if (of)
+			of->text = rs_fs_stats_json(fs, &len);
+		if (!of || !of->text) {
+			if (of)
+				rs_open_file_release(fs, of);
 			fuse_reply_err(req, ENOMEM);
 			return;
 		}
-		fi->fh = (uint64_t)(uintptr_t)json;
+		fi->fh = (uint64_t)(uintptr_t)of;
 		fi->direct_io = 1;
 		fi->nonseekable = 0;
-		fuse_reply_open(req, fi);
+		if (fuse_reply_open(req, fi) != 0)
+			rs_open_file_release(fs, of);
 		return;
 	}
 	if (!n || n->is_dir) {
@@ -270,17 +275,16 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, EIO);
 		return;
 	}
-	rs_open_file *of = calloc(1, sizeof(*of));
+	rs_open_file *of = rs_open_file_new(fs, (uint32_t)(ino - 1));
 
 	if (!of) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	of->node = (uint32_t)(ino - 1);
 	fi->fh = (uint64_t)(uintptr_t)of;
 	fi->keep_cache = 1;
-	if (fuse_reply_open(req, fi) != 0)
-		free(of);   /* the open was interrupted: no release follows */
+	if (fuse_reply_open(req, fi) != 0)   /* interrupted: no release follows */
+		rs_open_file_release(fs, of);
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -290,7 +294,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	const rs_vnode *n = node_of(fs, ino);
 
 	if (ino == fs->stats_ino) {
-		const char *json = (const char *)(uintptr_t)fi->fh;
+		const char *json = ((rs_open_file *)(uintptr_t)fi->fh)->text;
 		size_t len = strlen(json);
 
 		if (off < 0 || (size_t)off >= len)
@@ -310,14 +314,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	if (ino != fs_of(req)->stats_ino) {
-		rs_open_file *of = (rs_open_file *)(uintptr_t)fi->fh;
-
-		atomic_load_explicit(&of->reads_done, memory_order_acquire);
-		free(of);
-	} else {
-		free((void *)(uintptr_t)fi->fh);   /* the stats text */
-	}
+	(void)ino;
+	rs_open_file_release(fs_of(req), (rs_open_file *)(uintptr_t)fi->fh);
 	fuse_reply_err(req, 0);
 }
 
