@@ -29,9 +29,11 @@ void rs_log(rs_log_level level, const char *fmt, ...)
 	if (log_syslog) {
 		vsyslog(prio[level], fmt, ap);
 	} else {
+		flockfile(stderr);   /* one line, whatever other threads log */
 		fputs("reshardfs: ", stderr);
 		vfprintf(stderr, fmt, ap);
 		fputc('\n', stderr);
+		funlockfile(stderr);
 	}
 	va_end(ap);
 }

@@ -7,6 +7,7 @@
  * source fails with its reasons on stderr and leaves no mount behind.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,7 +227,9 @@ int main(int argc, char *argv[])
 		ret = fuse_session_loop_mt(se, loop);
 		fuse_loop_cfg_destroy(loop);
 	}
-	ret = ret != 0;
+	/* libfuse ends the loop on SIGTERM, SIGINT and SIGHUP with the
+	 * signal's number as its result: an exit asked for, not a failure. */
+	ret = ret != 0 && ret != SIGTERM && ret != SIGINT && ret != SIGHUP;
 
 out_unmount:
 	fuse_session_unmount(se);

@@ -69,7 +69,8 @@ static bool valid_ino(rs_fs *fs, fuse_ino_t ino)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-	/* Splice source ranges straight from the source files. */
+	/* Replies are written with writev; splice is libfuse's path for a
+	 * reply of more buffers than one writev takes (fs/read.c). */
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)

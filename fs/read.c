@@ -1,14 +1,36 @@
 /* The read path: file segments -> one reply vector (DESIGN.md §2).
  *
- * Literal and zero segments point at memory; source segments are passed as
- * file-descriptor buffers so libfuse splices them from the source file
- * without a user-space copy; tensor segments are served from cached blocks,
- * built on a miss by the executor.  Every source a file depends on is
- * checked first, so a changed source gives EIO, never stale bytes; any
- * failure replies with an error, never a short buffer (libfuse would pad a
- * short reply with zeros).
+ * Literal and zero segments point at memory; tensor segments are served
+ * from cached blocks, built on a miss by the executor; source segments are
+ * read with pread into a buffer of the thread's, straight into place in the
+ * reply.  Every source a file depends on is checked first, so a changed
+ * source gives EIO, never stale bytes; any failure replies with an error,
+ * never a short buffer (libfuse would pad a short reply with zeros).
+ *
+ * Checking first is not enough when the source changes while it is being
+ * read, so every gather from a source - a block build, the source ranges
+ * of a reply - runs between two stamps of the files it reads
+ * (rs_sources_stamp): bytes are used only when nothing moved in between,
+ * and a build that saw a change is never cached.
+ *
+ * Why source ranges are copied, not spliced.  Handing libfuse the source
+ * descriptor (FUSE_BUF_IS_FD) spliced the range into the reply without a
+ * copy of ours, but a splice from a file does not copy either: the pipe
+ * holds references to the source's page-cache pages, so the bytes are only
+ * read when the kernel copies them into the reply - after any check the
+ * daemon can make.  A truncation in between made libfuse send a short reply
+ * (the kernel then zero-fills the rest of the page and shrinks the file's
+ * size); even a splice into a pipe of our own that came back whole still
+ * sees a later truncation zero the tail of its last page, and a write in
+ * place change its bytes.  A pread is a copy taken before the stamps are
+ * compared (tests/mount/test_faults.py catches both races).  Every reply is
+ * then memory and goes out in one writev (fuse_reply_iov), which makes the
+ * copy cost what the splice did (BENCHMARKS.md, "Source ranges read into
+ * the reply").
  */
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +38,87 @@
 #include "fs/log.h"
 #include "planner/array.h"
 
+/* Gathers retried when a source's ctime moved but its identity did not
+ * (a chmod, a hard link, or a change undone) before the read gives EIO. */
+#define STAMP_TRIES 3
+
 static const uint8_t zeros[RS_MAX_READ];
+
+/* --- gathers between stamps --- */
+
+typedef struct {
+	uint32_t index;
+	rs_file_stamp stamp;
+} source_stamp;
+
+/* The distinct sources a gather reads. */
+typedef struct {
+	source_stamp *v;
+	size_t n, cap;
+} stamp_set;
+
+static int stamp_set_add(stamp_set *set, uint32_t index)
+{
+	int err;
+
+	for (size_t i = 0; i < set->n; i++)
+		if (set->v[i].index == index)
+			return 0;
+	err = rs_array_reserve(&set->v, &set->cap, set->n + 1,
+			       sizeof(*set->v));
+	if (!err)
+		set->v[set->n++].index = index;
+	return err;
+}
+
+static void log_changed(rs_fs *fs, uint32_t index)
+{
+	rs_log(RS_LOG_ERROR, "%s/%s: source changed while it was read; reads of files built from it fail with EIO",
+	       fs->ck.root_path, rs_sources_path(fs->ck.sources, index));
+}
+
+/* Runs gather(arg) between two stamps of every source in `set`: 0 only
+ * when none of them changed meanwhile; -ESTALE (logged) when one did. */
+static int checked_gather(rs_fs *fs, stamp_set *set, int (*gather)(void *),
+			  void *arg)
+{
+	rs_sources *src = fs->ck.sources;
+	size_t i;
+	int err = 0;
+
+	for (int tries = 0; tries < STAMP_TRIES; tries++) {
+		for (i = 0; i < set->n; i++) {
+			err = rs_sources_stamp(src, set->v[i].index,
+					       &set->v[i].stamp);
+			if (err)
+				goto out;
+		}
+		err = gather(arg);
+		if (err)
+			return err;
+		for (i = 0; i < set->n; i++) {
+			err = rs_sources_recheck(src, set->v[i].index,
+						 &set->v[i].stamp);
+			if (err)
+				break;
+		}
+		if (err != -EAGAIN)
+			goto out;
+	}
+	err = -ESTALE;   /* still moving: i is the last one that moved */
+out:
+	if (err == -ESTALE)
+		log_changed(fs, set->v[i < set->n ? i : 0].index);
+	return err;
+}
+
+/* --- the reply --- */
+
+typedef struct {
+	uint32_t source;
+	uint64_t off, len;
+	uint8_t *dst;
+} source_read;
 
 typedef struct {
 	struct fuse_bufvec *vec;   /* vec->buf grows past its declared size */
@@ -24,7 +126,84 @@ typedef struct {
 	rs_block **blocks;
 	size_t nblocks, cap_blocks;
 	uint64_t source_bytes;
+	/* Source segments: read into buf, which mirrors the reply's bytes
+	 * from file offset `start`; `len` of them. */
+	uint64_t start, len;
+	uint8_t *buf;
+	source_read *reads;
+	size_t nreads, cap_reads;
+	stamp_set stamps;
+	rs_fs *fs;
 } reply;
+
+/* The calling thread's buffer for source bytes, at least `need` bytes,
+ * kept for the thread's next reads and freed when it exits. */
+typedef struct {
+	uint8_t *p;
+	size_t cap;
+} thread_buf;
+
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static bool buf_key_ok;
+
+static void free_thread_buf(void *arg)
+{
+	thread_buf *b = arg;
+
+	free(b->p);
+	free(b);
+}
+
+static void make_buf_key(void)
+{
+	buf_key_ok = pthread_key_create(&buf_key, free_thread_buf) == 0;
+}
+
+static uint8_t *thread_buffer(size_t need)
+{
+	thread_buf *b;
+	void *p;
+
+	pthread_once(&buf_once, make_buf_key);
+	if (!buf_key_ok)
+		return NULL;
+	b = pthread_getspecific(buf_key);
+	if (!b) {
+		b = calloc(1, sizeof(*b));
+		if (!b)
+			return NULL;
+		if (pthread_setspecific(buf_key, b) != 0) {
+			free(b);
+			return NULL;
+		}
+	}
+	if (b->cap < need) {
+		size_t cap = need < RS_MAX_READ ? RS_MAX_READ : need;
+
+		if (posix_memalign(&p, 4096, cap) != 0)
+			return NULL;
+		free(b->p);
+		b->p = p;
+		b->cap = cap;
+	}
+	return b->p;
+}
+
+static int read_sources(void *arg)
+{
+	reply *r = arg;
+
+	for (size_t i = 0; i < r->nreads; i++) {
+		const source_read *sr = &r->reads[i];
+		int err = rs_sources_pread(r->fs->ck.sources, sr->source,
+					   sr->dst, sr->len, sr->off);
+
+		if (err)
+			return err;
+	}
+	return 0;
+}
 
 static int add_buf(reply *r, struct fuse_buf b)
 {
@@ -65,11 +244,35 @@ typedef struct {
 	uint64_t begin;
 } block_job;
 
-/* Cache miss: plan the block's slice of the chunk and execute it. */
+typedef struct {
+	rs_fs *fs;
+	const rs_plan *slice;
+	uint8_t *buf;
+	uint64_t len;
+} block_gather;
+
+static int run_block(void *arg)
+{
+	block_gather *g = arg;
+	rs_exec_job job = { 0 };
+
+	job.ops = g->slice->ops;
+	job.nops = g->slice->count;
+	job.dst = g->buf;
+	job.size = g->len;
+	job.zero_fill = g->slice->covered < g->len;
+	job.sources = g->fs->ck.sources;
+	return rs_executor_run(g->fs->exec, &job);
+}
+
+/* Cache miss: plan the block's slice of the chunk and execute it, between
+ * stamps of its sources, so a source changed meanwhile fails the build
+ * and nothing of it is cached. */
 static int build_block(void *arg, uint8_t *buf, uint64_t len)
 {
 	block_job *bj = arg;
-	rs_exec_job job = { 0 };
+	block_gather g = { bj->fs, NULL, buf, len };
+	stamp_set set = { 0 };
 	rs_plan slice;
 	int err;
 
@@ -77,13 +280,12 @@ static int build_block(void *arg, uint8_t *buf, uint64_t len)
 			    &slice);
 	if (err)
 		return err;
-	job.ops = slice.ops;
-	job.nops = slice.count;
-	job.dst = buf;
-	job.size = len;
-	job.zero_fill = slice.covered < len;
-	job.sources = bj->fs->ck.sources;
-	err = rs_executor_run(bj->fs->exec, &job);
+	for (size_t i = 0; i < slice.count && !err; i++)
+		err = stamp_set_add(&set, slice.ops[i].source);
+	g.slice = &slice;
+	if (!err)
+		err = checked_gather(bj->fs, &set, run_block, &g);
+	free(set.v);
 	rs_plan_free(&slice);
 	return err;
 }
@@ -150,19 +352,24 @@ static int add_segment(rs_fs *fs, reply *r, const rs_segment *s,
 		}
 		return 0;
 	case RS_SEG_SOURCE: {
-		struct fuse_buf b = {
-			.size = len,
-			.flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK |
-				 FUSE_BUF_FD_RETRY,
-			.pos = (off_t)(s->u.source.offset + from),
-		};
-		int err = rs_sources_fd(fs->ck.sources, s->u.source.index,
-					&b.fd);
+		int err;
 
+		if (!r->buf && !(r->buf = thread_buffer(r->len)))
+			return -ENOMEM;
+		err = rs_array_reserve(&r->reads, &r->cap_reads, r->nreads + 1,
+				       sizeof(*r->reads));
+		if (!err)
+			err = stamp_set_add(&r->stamps, s->u.source.index);
 		if (err)
 			return err;
+		source_read *sr = &r->reads[r->nreads++];
+
+		sr->source = s->u.source.index;
+		sr->off = s->u.source.offset + from;
+		sr->len = len;
+		sr->dst = r->buf + (s->offset + from - r->start);
 		r->source_bytes += len;
-		return add_buf(r, b);
+		return add_mem(r, sr->dst, len);
 	}
 	case RS_SEG_TENSOR:
 		return add_tensor(fs, r, s, from, len);
@@ -215,6 +422,30 @@ static void read_ahead(rs_fs *fs, rs_open_file *of, uint64_t off,
 			   atomic_load(&of->in_dir_order));
 }
 
+/* Every buffer of a reply is memory: one writev of them into the request
+ * (fuse_reply_iov) copies each byte once, where fuse_reply_data would
+ * write them into a pipe and splice that.  Past IOV_MAX buffers (many
+ * small tensors in one read), fuse_reply_data. */
+static int send_reply(fuse_req_t req, const reply *r)
+{
+	const struct fuse_bufvec *v = r->vec;
+	struct iovec *iov;
+	int err;
+
+	if (v->count >= IOV_MAX)   /* fuse_reply_iov adds the header's */
+		return fuse_reply_data(req, r->vec, FUSE_BUF_SPLICE_MOVE);
+	iov = malloc(v->count * sizeof(*iov));
+	if (!iov)
+		return fuse_reply_data(req, r->vec, FUSE_BUF_SPLICE_MOVE);
+	for (size_t i = 0; i < v->count; i++) {
+		iov[i].iov_base = v->buf[i].mem;
+		iov[i].iov_len = v->buf[i].size;
+	}
+	err = fuse_reply_iov(req, iov, (int)v->count);
+	free(iov);
+	return err;
+}
+
 void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		rs_open_file *of, size_t size, off_t off)
 {
@@ -236,6 +467,9 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 	err = rs_fs_check_sources(fs, n);
 	if (err)
 		goto fail;
+	r.fs = fs;
+	r.start = pos;
+	r.len = end - pos;
 	r.cap = 8;
 	r.vec = malloc(sizeof(*r.vec) + r.cap * sizeof(struct fuse_buf));
 	if (!r.vec) {
@@ -254,9 +488,12 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 			goto fail;
 		pos += len;
 	}
-	/* FUSE_BUF_FD_RETRY makes libfuse read a short fd read to the end;
-	 * sizes were checked against the sources just above. */
-	err = fuse_reply_data(req, r.vec, FUSE_BUF_SPLICE_MOVE);
+	if (r.nreads) {
+		err = checked_gather(fs, &r.stamps, read_sources, &r);
+		if (err)
+			goto fail;
+	}
+	err = send_reply(req, &r);
 	if (err == 0) {
 		atomic_fetch_add_explicit(&fs->bytes_served, end - (uint64_t)off,
 					  memory_order_relaxed);
@@ -273,5 +510,7 @@ out:
 	for (size_t i = 0; i < r.nblocks; i++)
 		rs_cache_release(fs->cache, r.blocks[i]);
 	free(r.blocks);
+	free(r.reads);
+	free(r.stamps.v);
 	free(r.vec);
 }

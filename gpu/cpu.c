@@ -34,23 +34,6 @@ typedef struct {
 	bool stop;
 } cpu_pool;
 
-/* pread exactly len bytes; a short file is an error, never zeros. */
-static int read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off)
-{
-	while (len) {
-		ssize_t n = pread(fd, dst, len, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -EIO;
-		dst += n;
-		off += (uint64_t)n;
-		len -= (uint64_t)n;
-	}
-	return 0;
-}
-
 /* Rows contiguous in the source, scattered in the destination: one preadv
  * per MAX_IOV rows instead of a pread each. */
 static int read_rows_scatter(int fd, uint8_t *dst, const rs_copy_op *op,
@@ -80,7 +63,7 @@ static int read_rows_scatter(int fd, uint8_t *dst, const rs_copy_op *op,
 
 				if (done_i >= op->len)
 					continue;
-				int err = read_full(fd, (uint8_t *)iov[i].iov_base + done_i,
+				int err = rs_pread_full(fd, (uint8_t *)iov[i].iov_base + done_i,
 						    op->len - done_i,
 						    off + i * op->len + done_i);
 				if (err)
@@ -109,7 +92,7 @@ static int read_rows_strided(int fd, uint8_t *dst, const rs_copy_op *op,
 		return err;
 	err = 0;
 	for (uint64_t r = row; r < row + rows && !err; r++)
-		err = read_full(fd, dst + op->dst_off + r * op->dst_stride,
+		err = rs_pread_full(fd, dst + op->dst_off + r * op->dst_stride,
 				op->len, op->src_off + r * op->src_stride);
 	return err;
 }
@@ -123,7 +106,7 @@ static int exec_piece(rs_exec_job *job, const rs_exec_piece *p)
 	if (err)
 		return err;
 	if (op->count == 1) {
-		err = read_full(fd, job->dst + op->dst_off + p->byte, p->bytes,
+		err = rs_pread_full(fd, job->dst + op->dst_off + p->byte, p->bytes,
 				op->src_off + p->byte);
 		if (!err)
 			rs_sources_count_read(job->sources, p->bytes);

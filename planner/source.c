@@ -200,6 +200,62 @@ out:
 	return err;
 }
 
+int rs_sources_stamp(rs_sources *s, uint32_t index, rs_file_stamp *out)
+{
+	struct stat st;
+	rs_file_id now;
+	int fd, err = rs_sources_fd(s, index, &fd);
+
+	if (err)
+		return err;
+	if (fstat(fd, &st) != 0)
+		return -EIO;
+	rs_file_id_from_stat(&now, &st);
+	if (!same_id(&now, &s->files[index].id))
+		return -ESTALE;
+	out->sec = st.st_ctim.tv_sec;
+	out->nsec = st.st_ctim.tv_nsec;
+	return 0;
+}
+
+int rs_sources_recheck(rs_sources *s, uint32_t index,
+		       const rs_file_stamp *before)
+{
+	rs_file_stamp now;
+	int err = rs_sources_stamp(s, index, &now);
+
+	if (err)
+		return err;
+	return now.sec == before->sec && now.nsec == before->nsec ? 0
+								  : -EAGAIN;
+}
+
+int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off)
+{
+	uint8_t *p = dst;
+
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -EIO;
+		p += n;
+		off += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+int rs_sources_pread(rs_sources *s, uint32_t index, void *dst, uint64_t len,
+		     uint64_t off)
+{
+	int fd, err = rs_sources_fd(s, index, &fd);
+
+	return err ? err : rs_pread_full(fd, dst, len, off);
+}
+
 void rs_sources_count_read(rs_sources *s, uint64_t bytes)
 {
 	atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);

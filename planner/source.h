@@ -51,7 +51,39 @@ int rs_sources_check(rs_sources *s, uint32_t index);
  * -ESTALE when not. */
 int rs_sources_fd(rs_sources *s, uint32_t index, int *fd);
 
-/* Source bytes read so far, by every reader (executors and splices). */
+/* The ctime of an open source file, taken around a read of it: bytes read
+ * between two equal stamps, both of the recorded identity, are bytes of
+ * the file as recorded.  Every change to a file's bytes moves its size
+ * before the kernel zeroes anything (truncation) or its mtime and ctime
+ * before any byte is copied (write), and while an mtime can be set back
+ * (utime), a ctime cannot: a change undone between two checks of the
+ * identity alone still moves the ctime.  (Timestamps are exact where the
+ * filesystem gives a fresh fine-grained one to every change after a stat,
+ * as ext4, xfs, btrfs and tmpfs do since Linux 6.13; with coarse ones a
+ * change made and undone within one clock tick goes unseen.) */
+typedef struct {
+	int64_t sec, nsec;
+} rs_file_stamp;
+
+/* Stamps the file through its descriptor (rs_sources_fd): -ESTALE when it
+ * no longer has the recorded identity. */
+int rs_sources_stamp(rs_sources *s, uint32_t index, rs_file_stamp *out);
+
+/* After reading: 0 when the file has the recorded identity and the stamp
+ * `before`; -ESTALE when its identity changed; -EAGAIN when only the ctime
+ * moved (its metadata changed, or a change was undone): read it again. */
+int rs_sources_recheck(rs_sources *s, uint32_t index,
+		       const rs_file_stamp *before);
+
+/* Reads exactly `len` bytes at `off` of fd: -EIO when the file ends first
+ * or a read fails, never a short read (EINTR is retried). */
+int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off);
+
+/* rs_pread_full of a source file (through rs_sources_fd). */
+int rs_sources_pread(rs_sources *s, uint32_t index, void *dst, uint64_t len,
+		     uint64_t off);
+
+/* Source bytes read so far, by every reader (executors and the read path). */
 void rs_sources_count_read(rs_sources *s, uint64_t bytes);
 uint64_t rs_sources_bytes_read(const rs_sources *s);
 
