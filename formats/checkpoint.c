@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "formats/dcp.h"
+#include "formats/json_text.h"
 #include "formats/zarr.h"
 
 #define RS_METADATA_MAX_BYTES (1u << 20)
@@ -40,8 +41,17 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 	if (fd == -ENOENT)
 		return -ENOENT;
 	if (fd < 0) {
-		rs_diag_add(d, "%s/%s: cannot open: %s", ck->root_path, relpath,
-			    strerror(-fd));
+		/* openat2's words for a link out of SOURCE and a link loop
+		 * (or, on old kernels, any final link: O_NOFOLLOW). */
+		if (fd == -EXDEV)
+			rs_diag_add(d, "%s/%s: symbolic link leads outside SOURCE",
+				    ck->root_path, relpath);
+		else if (fd == -ELOOP)
+			rs_diag_add(d, "%s/%s: symbolic link cannot be followed",
+				    ck->root_path, relpath);
+		else
+			rs_diag_add(d, "%s/%s: cannot open: %s", ck->root_path,
+				    relpath, strerror(-fd));
 		return -EINVAL;
 	}
 	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
@@ -77,6 +87,7 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 	cJSON *root = NULL;
 	const cJSON *backend;
 	struct stat dst;
+	char why[100];
 	int err = rs_checkpoint_read_file(ck, "metadata.json",
 					  RS_METADATA_MAX_BYTES, &text, &len,
 					  NULL, d);
@@ -94,10 +105,14 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 	}
 	if (err)
 		return err;
+	err = rs_json_parse_object(text, len, &root, why, sizeof(why));
+	if (err == -EINVAL)
+		rs_diag_add(d, "%s/metadata.json: %s", ck->root_path, why);
+	if (err)
+		goto out;
 	err = -EINVAL;
-	root = cJSON_ParseWithLength(text, len);
 	backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");
-	if (!cJSON_IsObject(root) || !cJSON_IsString(backend)) {
+	if (!cJSON_IsString(backend)) {
 		rs_diag_add(d, "%s/metadata.json: not a JSON object with a \"sharded_backend\" string",
 			    ck->root_path);
 		goto out;
@@ -184,14 +199,24 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
 			     const rs_layout *l, rs_vtree *t, rs_diag *d)
 {
+	size_t lines = rs_diag_count(d);
 	int err = rs_vtree_init(t, ck->root_mtime);
 
 	if (err)
 		return err;
 	if (view == 0)
 		view = ck->format;
-	return view == RS_FORMAT_ZARR ? rs_zarr_build_view(ck, l, t, d)
-				      : rs_dcp_build_view(ck, l, t, d);
+	err = view == RS_FORMAT_ZARR ? rs_zarr_build_view(ck, l, t, d)
+				     : rs_dcp_build_view(ck, l, t, d);
+	/* Two things of one name in the view (a tensor or byte item and a
+	 * file of SOURCE): the tree refuses the second; say so, not "File
+	 * exists". */
+	if (err == -EEXIST && rs_diag_count(d) == lines) {
+		rs_diag_add(d, "%s: a file or directory of SOURCE has the name of a tensor or byte item the %s view writes",
+			    ck->root_path, rs_format_name(view));
+		err = -EINVAL;
+	}
+	return err;
 }
 
 int rs_format_parse(const char *name, rs_format *out)

@@ -12,18 +12,32 @@
  * writes its own).
  *
  * Refused, with a line naming the file: a `.metadata` that does not parse or
- * names an unknown class; a relative_path that is not one plain file name;
- * an item outside its file; a chunk without storage, of the wrong dtype or
- * shape, or whose strided elements leave their storage; mcore's old
+ * names an unknown class; a name or relative_path holding a NUL, or given
+ * twice (Python keeps the last; the C side would see both); a relative_path
+ * that is not one plain file name; an item outside its file; a chunk
+ * without storage, of the wrong dtype or shape, or whose strided elements
+ * leave their storage; chunks that overlap or leave part of their tensor
+ * uncovered (a view would serve zeros there); mcore's old
  * `flattened_range` items.
  */
 #ifndef RS_DCP_H
 #define RS_DCP_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "formats/checkpoint.h"
 
 /* Reads SOURCE (already opened into ck->sources) into ck. */
 int rs_dcp_read(rs_checkpoint *ck, rs_diag *d);
+
+/* The part of rs_dcp_read after the walk: parses the `.metadata` bytes
+ * buf[0, len) and adds its tensors (each chunk's torch.save item read from
+ * the `.distcp` entry of ck that storage_data names) and byte items to ck.
+ * ck must hold SOURCE's root entries and their sources already.  Kept
+ * apart so the metadata parser can be fuzzed without a directory walk. */
+int rs_dcp_read_metadata(rs_checkpoint *ck, const uint8_t *buf, size_t len,
+			 rs_diag *d);
 
 /* Builds the torch_dist view of any checkpoint (see dcp_view.c for what it
  * holds and who owns which chunk). */

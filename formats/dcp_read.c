@@ -110,6 +110,41 @@ static int cmp_item(const void *a, const void *b)
 	return 0;
 }
 
+/* `s` (n bytes, NULs and all) for a message: a NUL shows as \x00 (the
+ * diag list escapes the other control bytes), long ones are cut. */
+static void show(const char *s, size_t n, char *out, size_t size)
+{
+	size_t at = 0;
+
+	/* size >= 8: room for "\x00" or "...", and the NUL */
+	for (size_t i = 0; i < n; i++) {
+		if (at + 8 > size) {
+			memcpy(out + at, "...", 4);
+			return;
+		}
+		if (s[i]) {
+			out[at++] = s[i];
+		} else {
+			memcpy(out + at, "\\x00", 4);
+			at += 4;
+		}
+	}
+	out[at] = 0;
+}
+
+/* A str value holding no NUL.  A C string stops at the first one, so a
+ * relative_path "__0_0.distcp\0/../x" would read as "__0_0.distcp" and a
+ * name "w\0x" as "w" (torch sees the whole string): such strings are
+ * refused, never cut.  *len is the str's full length (0 if not a str). */
+static const char *whole_str(const rs_pvalue *v, size_t *len)
+{
+	const char *s = rs_pv_str(v, len);
+
+	if (!s)
+		*len = 0;
+	return s && strlen(s) == *len ? s : NULL;
+}
+
 /* storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo(
  * relative_path, offset, length)} -> items sorted for lookup. */
 static int read_storage(reader *r, const rs_pvalue *storage)
@@ -130,8 +165,25 @@ static int read_storage(reader *r, const rs_pvalue *storage)
 		const rs_pvalue *off = rs_pv_get(k, "offset");
 		item_ref *it = &r->items[r->nitems];
 
-		it->fqn = rs_pv_str(rs_pv_get(k, "fqn"), NULL);
-		it->path = rs_pv_str(rs_pv_get(v, "relative_path"), NULL);
+		const rs_pvalue *fqn = rs_pv_get(k, "fqn");
+		const rs_pvalue *path = rs_pv_get(v, "relative_path");
+		char shown[300];
+		size_t len;
+
+		it->fqn = whole_str(fqn, &len);
+		if (!it->fqn && rs_pv_str(fqn, NULL)) {
+			show(rs_pv_str(fqn, NULL), len, shown, sizeof(shown));
+			rs_diag_add(r->d, "%s: storage_data names \"%s\", a key with a NUL in it",
+				    r->meta_path, shown);
+			return -EINVAL;
+		}
+		it->path = whole_str(path, &len);
+		if (!it->path && rs_pv_str(path, NULL) && it->fqn) {
+			show(rs_pv_str(path, NULL), len, shown, sizeof(shown));
+			rs_diag_add(r->d, "%s: storage_data of %s names \"%s\", not a plain file name in the checkpoint",
+				    r->meta_path, it->fqn, shown);
+			return -EINVAL;
+		}
 		it->noff = -1;
 		if (!it->fqn || !it->path ||
 		    !get_u64(rs_pv_get(v, "offset"), &it->offset) ||
@@ -149,7 +201,20 @@ static int read_storage(reader *r, const rs_pvalue *storage)
 		}
 		r->nitems++;
 	}
-	qsort(r->items, r->nitems, sizeof(item_ref), cmp_item);
+	/* An empty storage_data leaves items NULL: qsort(NULL, 0) is
+	 * undefined. */
+	if (r->nitems > 1)
+		qsort(r->items, r->nitems, sizeof(item_ref), cmp_item);
+	/* Python keeps the last of two equal MetadataIndex keys; a lookup
+	 * here would find either.  Neither is right: refuse. */
+	for (size_t i = 1; i < r->nitems; i++)
+		if (cmp_item(&r->items[i - 1], &r->items[i]) == 0) {
+			rs_diag_add(r->d, "%s: storage_data names %s %s twice",
+				    r->meta_path,
+				    r->items[i].noff < 0 ? "byte item" : "a chunk of",
+				    r->items[i].fqn);
+			return -EINVAL;
+		}
 	return 0;
 }
 
@@ -160,6 +225,9 @@ static const item_ref *find_item(const reader *r, const char *fqn, int noff,
 
 	if (noff > 0)
 		memcpy(key.off, off, (size_t)noff * sizeof(uint64_t));
+	/* bsearch(NULL, 0) is undefined too. */
+	if (!r->nitems)
+		return NULL;
 	return bsearch(&key, r->items, r->nitems, sizeof(item_ref), cmp_item);
 }
 
@@ -211,6 +279,7 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	uint64_t e = rs_dtype_size(t->dtype), soff, numel, size[RS_MAX_DIMS];
 	uint64_t stride[RS_MAX_DIMS], last, bytes;
 	int fd, n1 = 0, n2 = 0, err;
+	bool empty = false;
 	uint32_t src;
 	char record[64];
 	const char *key;
@@ -278,13 +347,14 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	snprintf(record, sizeof(record), "data/%s", key);
 	data = rs_zip_find(&z, record);
 	/* The last element reached must be inside the storage, and the
-	 * storage inside its zip entry. */
+	 * storage inside its zip entry.  An empty tensor reaches no element:
+	 * torch saves it with an empty storage, which must not be refused. */
 	last = soff;
 	for (int i = 0; i < n1; i++) {
 		uint64_t step;
 
 		if (size[i] == 0) {
-			last = soff;
+			empty = true;
 			break;
 		}
 		if (!rs_mul_u64(size[i] - 1, stride[i], &step) ||
@@ -292,13 +362,14 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 			last = UINT64_MAX;
 	}
 	if (!data || !rs_mul_u64(numel, e, &bytes) || bytes > data->size ||
-	    last >= numel) {
+	    (!empty && last >= numel)) {
 		rs_diag_add(r->d, "%s: tensor elements lie outside their storage",
 			    where);
 		goto fail;
 	}
 	f->source = src;
-	f->offset = it->offset + data->offset + soff * e;
+	/* An empty tensor's storage offset is never used (and unchecked). */
+	f->offset = it->offset + data->offset + (empty ? 0 : soff * e);
 	memcpy(f->stride, stride, sizeof(stride));
 	err = 0;
 	goto out;
@@ -309,6 +380,28 @@ out:
 	free(buf);
 	rs_zip_free(&z);
 	return err;
+}
+
+static int check_tiling(reader *r, const rs_tensor *t)
+{
+	uint64_t covered, total;
+	size_t a = 0, b = 0;
+	int err = rs_tensor_check_tiling(t, &a, &b, &covered, &total);
+
+	if (err == -EINVAL)
+		rs_diag_add(r->d, "%s: %s: chunks %zu and %zu overlap",
+			    r->meta_path, t->name, a, b);
+	else if (err == -ENODATA)
+		rs_diag_add(r->d, "%s: %s: its chunks cover %llu of its %llu elements; the rest has no stored bytes",
+			    r->meta_path, t->name, (unsigned long long)covered,
+			    (unsigned long long)total);
+	else if (err == -ERANGE)
+		rs_diag_add(r->d, "%s: %s: chunk %zu lies outside the tensor",
+			    r->meta_path, t->name, a);
+	else if (err == -E2BIG)
+		rs_diag_add(r->d, "%s: %s: %zu chunks off any regular grid are too many to check",
+			    r->meta_path, t->name, t->nfrags);
+	return err == -ENOMEM ? err : err ? -EINVAL : 0;
 }
 
 static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
@@ -323,14 +416,26 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 
 	/* TensorProperties pickles its state as a tuple (dtype, layout, ...);
 	 * older torch used a dict. */
-	dtype = dtype_of_global(rs_pv_kind(props) == RS_PV_TUPLE
-					? rs_pv_item(props, 0)
-					: rs_pv_get(props, "dtype"),
-				false);
-	if (dtype == RS_DTYPE_INVALID || !get_dims(rs_pv_get(meta, "size"), shape, &ndim) ||
-	    rs_pv_kind(chunks) != RS_PV_LIST) {
-		rs_diag_add(r->d, "%s: %s: unsupported dtype or malformed size/chunks",
-			    r->meta_path, fqn);
+	const rs_pvalue *dt = rs_pv_kind(props) == RS_PV_TUPLE
+		? rs_pv_item(props, 0) : rs_pv_get(props, "dtype");
+
+	dtype = dtype_of_global(dt, false);
+	if (dtype == RS_DTYPE_INVALID) {
+		rs_diag_add(r->d, "%s: %s: unsupported dtype %s%s%s",
+			    r->meta_path, fqn,
+			    rs_pv_global_module(dt) ? rs_pv_global_module(dt) : "(not a torch dtype)",
+			    rs_pv_global_name(dt) ? "." : "",
+			    rs_pv_global_name(dt) ? rs_pv_global_name(dt) : "");
+		return -EINVAL;
+	}
+	if (!get_dims(rs_pv_get(meta, "size"), shape, &ndim)) {
+		rs_diag_add(r->d, "%s: %s: size is not a torch.Size of at most %d non-negative integers",
+			    r->meta_path, fqn, RS_MAX_DIMS);
+		return -EINVAL;
+	}
+	if (rs_pv_kind(chunks) != RS_PV_LIST) {
+		rs_diag_add(r->d, "%s: %s: chunks is not a list", r->meta_path,
+			    fqn);
 		return -EINVAL;
 	}
 	err = rs_catalog_add_fragments(&r->ck->catalog, fqn, dtype, ndim, shape,
@@ -374,9 +479,11 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 			return err;
 	}
 	/* Only a regular grid can be resharded; others keep their fragments
-	 * and are served as they are. */
+	 * and are served as they are - if they tile the tensor: a plan fills
+	 * what no fragment holds with zeros, and two fragments of one place
+	 * would be two answers. */
 	rs_tensor_make_regular(t);
-	return 0;
+	return check_tiling(r, t);
 }
 
 static int read_blob(reader *r, const char *fqn)
@@ -431,6 +538,51 @@ static int refuse_flattened(reader *r, const rs_pvalue *mcore_data)
 	return 0;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* state_dict_metadata keys: strs without NULs (see whole_str), each once.
+ * Python keeps the last of two equal keys; the catalog would hold both and
+ * a view would show two tensors of one name. */
+static int check_names(reader *r, const rs_pvalue *sdm)
+{
+	size_t n = rs_pv_len(sdm), len;
+	const char **names = malloc((n ? n : 1) * sizeof(*names));
+	char shown[300];
+	int err = 0;
+
+	if (!names)
+		return -ENOMEM;
+	for (size_t i = 0; i < n && !err; i++) {
+		const rs_pvalue *k = rs_pv_key(sdm, i);
+
+		names[i] = whole_str(k, &len);
+		if (names[i])
+			continue;
+		if (rs_pv_str(k, NULL)) {
+			show(rs_pv_str(k, NULL), len, shown, sizeof(shown));
+			rs_diag_add(r->d, "%s: state_dict_metadata names \"%s\", a key with a NUL in it",
+				    r->meta_path, shown);
+		} else {
+			rs_diag_add(r->d, "%s: a state_dict_metadata key is not a string",
+				    r->meta_path);
+		}
+		err = -EINVAL;
+	}
+	if (!err)
+		qsort(names, n, sizeof(*names), cmp_name);
+	for (size_t i = 1; i < n && !err; i++)
+		if (strcmp(names[i - 1], names[i]) == 0) {
+			rs_diag_add(r->d, "%s: state_dict_metadata names %s twice",
+				    r->meta_path, names[i]);
+			err = -EINVAL;
+		}
+	free(names);
+	return err;
+}
+
 /* .metadata and the .distcp files are replaced by what a view writes. */
 static void hide_dcp_files(rs_checkpoint *ck)
 {
@@ -445,40 +597,20 @@ static void hide_dcp_files(rs_checkpoint *ck)
 	}
 }
 
-int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
+int rs_dcp_read_metadata(rs_checkpoint *ck, const uint8_t *buf, size_t len,
+			 rs_diag *d)
 {
 	reader r = { .ck = ck, .d = d };
 	rs_pickle_limits lim;
 	rs_pickle *pk = NULL;
 	const rs_pvalue *state, *sdm;
-	char *buf = NULL;
-	size_t len = 0;
 	char perr[200];
 	int err;
 
 	snprintf(r.meta_path, sizeof(r.meta_path), "%s/.metadata", ck->root_path);
-	/* Everything in SOURCE as entries first: .distcp files are found
-	 * (and their identity recorded) there. */
-	err = rs_zarr_read(ck, d);
-	if (err)
-		return err;
-	if (ck->narrays) {
-		rs_diag_add(d, "%s: a torch_dist checkpoint with zarr arrays in it",
-			    ck->root_path);
-		return -EINVAL;
-	}
-	err = rs_checkpoint_read_file(ck, ".metadata", RS_DCP_METADATA_MAX, &buf,
-				      &len, NULL, d);
-	if (err == -ENOENT)
-		rs_diag_add(d, "%s: missing", r.meta_path);
-	if (err) {
-		err = err == -ENOENT ? -EINVAL : err;
-		goto out;
-	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
-	err = rs_pickle_parse((const uint8_t *)buf, len, &lim, &pk, perr,
-			      sizeof(perr));
+	err = rs_pickle_parse(buf, len, &lim, &pk, perr, sizeof(perr));
 	if (err) {
 		rs_diag_add(d, "%s: %s", r.meta_path, perr);
 		err = -EINVAL;
@@ -494,18 +626,16 @@ int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
 	err = refuse_flattened(&r, rs_pv_get(state, "mcore_data"));
 	if (!err)
 		err = read_storage(&r, rs_pv_get(state, "storage_data"));
+	if (!err)
+		err = check_names(&r, sdm);
 	for (size_t i = 0; i < rs_pv_len(sdm) && !err; i++) {
 		const char *fqn = rs_pv_str(rs_pv_key(sdm, i), NULL);
 		const rs_pvalue *meta = rs_pv_val(sdm, i);
 
-		if (!fqn) {
-			rs_diag_add(d, "%s: a state_dict_metadata key is not a string",
-				    r.meta_path);
-			err = -EINVAL;
-		} else if (rs_pv_kind(meta) == RS_PV_OBJECT &&
-			   rs_pv_global_name(rs_pv_func(meta)) &&
-			   strcmp(rs_pv_global_name(rs_pv_func(meta)),
-				  "BytesStorageMetadata") == 0) {
+		if (rs_pv_kind(meta) == RS_PV_OBJECT &&
+		    rs_pv_global_name(rs_pv_func(meta)) &&
+		    strcmp(rs_pv_global_name(rs_pv_func(meta)),
+			   "BytesStorageMetadata") == 0) {
 			/* Classes are matched by name: torch moved them
 			 * between modules across versions. */
 			err = read_blob(&r, fqn);
@@ -513,11 +643,39 @@ int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
 			err = read_tensor(&r, fqn, rs_pv_state(meta));
 		}
 	}
-	if (!err)
-		hide_dcp_files(ck);
 out:
 	free(r.items);
 	rs_pickle_free(pk);
+	return err;
+}
+
+int rs_dcp_read(rs_checkpoint *ck, rs_diag *d)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	int err;
+
+	/* Everything in SOURCE as entries first: .distcp files are found
+	 * (and their identity recorded) there. */
+	err = rs_zarr_read(ck, d);
+	if (err)
+		return err;
+	if (ck->narrays) {
+		rs_diag_add(d, "%s: a torch_dist checkpoint with zarr arrays in it",
+			    ck->root_path);
+		return -EINVAL;
+	}
+	err = rs_checkpoint_read_file(ck, ".metadata", RS_DCP_METADATA_MAX, &buf,
+				      &len, NULL, d);
+	if (err == -ENOENT) {
+		rs_diag_add(d, "%s/.metadata: missing", ck->root_path);
+		return -EINVAL;
+	}
+	if (err)
+		return err;
+	err = rs_dcp_read_metadata(ck, (const uint8_t *)buf, len, d);
+	if (!err)
+		hide_dcp_files(ck);
 	free(buf);
 	return err;
 }

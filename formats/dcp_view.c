@@ -4,7 +4,7 @@
  * the job run at the target TP (FORMATS.md §3):
  *   - `__<r>_0.distcp`, one per target TP rank: a torch.save zip per chunk
  *     that rank owns, its headers built here and its data served from the
- *     source through a plan (zero-copy when contiguous);
+ *     source through a plan (read straight from the source when contiguous);
  *   - `.metadata`: a torch.distributed.checkpoint Metadata pickle whose
  *     chunks follow the target grid, readable by torch's FileSystemReader
  *     and by Megatron's loader;
@@ -386,6 +386,22 @@ static void mark_carried(const rs_checkpoint *ck, bool *carried)
 	free(in_array);
 }
 
+/* A file the view writes itself, at the top.  A file or directory of
+ * SOURCE carried into the view may hold its name (a stray `.metadata` or
+ * `__0_0.distcp` in a zarr source): that is reported, not served. */
+static int add_own_file(const rs_checkpoint *ck, rs_vtree *t,
+			const char *name, uint32_t *file, rs_diag *d)
+{
+	int err = rs_vtree_add_file(t, 0, name, ck->root_mtime, file);
+
+	if (err == -EEXIST) {
+		rs_diag_add(d, "%s/%s: the torch_dist view writes a file of this name itself",
+			    ck->root_path, name);
+		err = -EINVAL;
+	}
+	return err;
+}
+
 int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		      rs_vtree *t, rs_diag *d)
 {
@@ -421,7 +437,7 @@ int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 				rs_sources_id(ck->sources, e->source)->size);
 	}
 	if (!err)
-		err = rs_vtree_add_file(t, 0, "metadata.json", ck->root_mtime, &file);
+		err = add_own_file(ck, t, "metadata.json", &file, d);
 	if (!err)
 		err = rs_vtree_append_literal(t, file, meta_json,
 					      sizeof(meta_json) - 1);
@@ -429,7 +445,7 @@ int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		char name[32];
 
 		snprintf(name, sizeof(name), "__%u_0.distcp", r);
-		err = rs_vtree_add_file(t, 0, name, ck->root_mtime, &b.files[r]);
+		err = add_own_file(ck, t, name, &b.files[r], d);
 	}
 	if (!err)
 		err = plan_items(&b);
@@ -454,7 +470,7 @@ int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	if (!err)
 		err = metadata_pickle(&b, &pkl, &pkl_len);
 	if (!err)
-		err = rs_vtree_add_file(t, 0, ".metadata", ck->root_mtime, &file);
+		err = add_own_file(ck, t, ".metadata", &file, d);
 	if (!err)
 		err = rs_vtree_append_literal(t, file, pkl, pkl_len);
 out:

@@ -8,10 +8,93 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A "\u0000" escape anywhere (a backslash outside a string is not JSON, so
+ * the whole text can be scanned). */
+static bool has_escaped_nul(const char *s, size_t len)
+{
+	for (size_t i = 0; i + 1 < len; i++) {
+		if (s[i] != '\\')
+			continue;
+		if (s[i + 1] == 'u' && i + 5 < len && s[i + 2] == '0' &&
+		    s[i + 3] == '0' && s[i + 4] == '0' && s[i + 5] == '0')
+			return true;
+		i++; /* the escaped character */
+	}
+	return false;
+}
+
+int rs_json_parse_object(const char *text, size_t len, cJSON **out,
+			 char *why, size_t why_size)
+{
+	const char *end = NULL, **keys = NULL;
+	const cJSON *item;
+	cJSON *root;
+	size_t n = 0;
+	int err = -EINVAL;
+
+	*out = NULL;
+	if (memchr(text, 0, len) || has_escaped_nul(text, len)) {
+		/* cJSON's strings are C strings: the rest would be dropped. */
+		snprintf(why, why_size, "NUL character in the JSON text");
+		return -EINVAL;
+	}
+	root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+	if (!root || !cJSON_IsObject(root)) {
+		snprintf(why, why_size, "not a JSON object (malformed, or nested over %d deep)",
+			 CJSON_NESTING_LIMIT);
+		goto out;
+	}
+	while (end && end < text + len &&
+	       (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+		end++;
+	if (end != text + len) {
+		snprintf(why, why_size, "bytes after the JSON object (at %zu)",
+			 (size_t)(end ? end - text : 0));
+		goto out;
+	}
+	/* Top-level keys only: nested objects of the files read this way
+	 * (.zarray's compressor, metadata.json) are refused or ignored. */
+	cJSON_ArrayForEach(item, root)
+		n++;
+	keys = malloc((n ? n : 1) * sizeof(*keys));
+	if (!keys) {
+		err = -ENOMEM;
+		goto out;
+	}
+	n = 0;
+	cJSON_ArrayForEach(item, root)
+		keys[n++] = item->string;
+	qsort(keys, n, sizeof(*keys), cmp_str);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(keys[i], keys[i - 1]) == 0) {
+			snprintf(why, why_size, "duplicate key \"%.64s\"", keys[i]);
+			goto out;
+		}
+	*out = root;
+	root = NULL;
+	err = 0;
+out:
+	free(keys);
+	cJSON_Delete(root);
+	return err;
+}
+
+/* Whitespace as cJSON reads it - every byte up to 0x20, not only JSON's
+ * four - so a span found here is the value cJSON parsed, and the rewrite
+ * replaces that value, not the \v or \f in front of it. */
+static bool is_ws(char c)
+{
+	return (unsigned char)c <= 0x20;
+}
+
 static size_t skip_ws(const char *s, size_t i, size_t len)
 {
-	while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' ||
-			   s[i] == '\r'))
+	while (i < len && is_ws(s[i]))
 		i++;
 	return i;
 }
@@ -47,8 +130,7 @@ static size_t skip_value(const char *s, size_t i, size_t len)
 				return i;
 			if (--depth == 0)
 				return i + 1;
-		} else if (depth == 0 && (c == ',' || c == ' ' || c == '\n' ||
-					  c == '\t' || c == '\r')) {
+		} else if (depth == 0 && (c == ',' || is_ws(c))) {
 			return i;
 		}
 	}

@@ -12,6 +12,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
+/* Parses `text` as one JSON object the way Python's json.loads would read
+ * it, or refuses it: cJSON alone would accept bytes after the object and
+ * a NUL inside a string (cut short), and keep the FIRST of two equal keys
+ * where Python keeps the last - so a hostile file could mean one thing to
+ * reshardfs and another to the loader reading the view.  On success *out
+ * is the object (cJSON_Delete it).  On failure returns -EINVAL with a
+ * short reason in `why` ("not a JSON object", "duplicate key \"k\"", ...)
+ * or -ENOMEM. */
+int rs_json_parse_object(const char *text, size_t len, cJSON **out,
+			 char *why, size_t why_size);
+
 /* Byte span [*start, *end) of the value of top-level key `key`.
  * Returns 0, or -ENOENT when the key is absent, -EINVAL on bad text. */
 int rs_json_value_span(const char *text, size_t len, const char *key,

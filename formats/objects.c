@@ -31,8 +31,10 @@ static uint8_t *wrap(const uint8_t *p, size_t n, size_t *out_len)
 	return o;
 }
 
-/* PROTO 2 EMPTY_LIST BINPUT 0 <obj> APPEND STOP  ->  PROTO 2 <obj> STOP.
- * The parse proves it is one list holding one item. */
+/* PROTO 2 EMPTY_LIST [BINPUT 0] <obj> APPEND STOP  ->  PROTO 2 <obj> STOP.
+ * Python's pickler memoizes the list (BINPUT 0); wrap() above does not, so
+ * a torch_dist view's own objects come back without it.  Either way the
+ * parse proves it is one list holding one item. */
 static uint8_t *unwrap(const uint8_t *p, size_t n, size_t *out_len)
 {
 	static const uint8_t head[] = { 0x80, 2, ']', 'q', 0 };
@@ -40,11 +42,15 @@ static uint8_t *unwrap(const uint8_t *p, size_t n, size_t *out_len)
 	rs_pickle *pk = NULL;
 	char err[160];
 	uint8_t *o = NULL;
+	size_t skip;
 	bool one;
 
-	if (n < sizeof(head) + 2 || memcmp(p, head, sizeof(head)) != 0 ||
-	    p[n - 2] != 'a' || p[n - 1] != '.')
+	/* At least PROTO, EMPTY_LIST, one opcode, APPEND, STOP. */
+	if (n < 6 || memcmp(p, head, 3) != 0 || p[n - 2] != 'a' ||
+	    p[n - 1] != '.')
 		return NULL;
+	skip = n >= sizeof(head) + 3 && memcmp(p, head, sizeof(head)) == 0
+		? sizeof(head) : 3;
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
 	if (rs_pickle_parse(p, n, &lim, &pk, err, sizeof(err)) != 0)
@@ -52,13 +58,13 @@ static uint8_t *unwrap(const uint8_t *p, size_t n, size_t *out_len)
 	one = rs_pv_kind(rs_pickle_root(pk)) == RS_PV_LIST &&
 	      rs_pv_len(rs_pickle_root(pk)) == 1;
 	rs_pickle_free(pk);
-	if (!one || !(o = malloc(n - sizeof(head) + 1)))
+	if (!one || !(o = malloc(n - skip + 1)))
 		return NULL;
 	o[0] = 0x80;
 	o[1] = 2;
-	memcpy(o + 2, p + sizeof(head), n - sizeof(head) - 2);
-	o[n - sizeof(head)] = '.';
-	*out_len = n - sizeof(head) + 1;
+	memcpy(o + 2, p + skip, n - skip - 2);
+	o[n - skip] = '.';
+	*out_len = n - skip + 1;
 	return o;
 }
 

@@ -314,7 +314,8 @@ static int pop_mark(struct parser *ps, int op, rs_pvalue ***items, size_t *n)
 	if (!ps->nmarks)
 		return fail(ps, -EINVAL, "%s: no MARK", opname(op));
 	m = ps->marks[--ps->nmarks];
-	*items = ps->stack + m;
+	/* The stack is NULL until the first push: NULL + 0 is undefined. */
+	*items = ps->sp > m ? ps->stack + m : NULL;
 	*n = ps->sp - m;
 	ps->sp = m;
 	return 0;
@@ -715,7 +716,8 @@ static int load_tuple_n(struct parser *ps, int op, size_t n)
 	if (ps->sp - base(ps) < n)
 		return fail(ps, -EINVAL, "%s: stack underflow", opname(op));
 	ps->sp -= n;
-	err = new_seq(ps, RS_PV_TUPLE, ps->stack + ps->sp, n, &v);
+	/* The stack is NULL until the first push: NULL + 0 is undefined. */
+	err = new_seq(ps, RS_PV_TUPLE, n ? ps->stack + ps->sp : NULL, n, &v);
 	return err ? err : push(ps, v);
 }
 

@@ -1,6 +1,8 @@
 /* zarr reader: SOURCE directory -> catalog, source table and entries. */
 #include "formats/zarr.h"
 
+#include "formats/json_text.h"
+
 #include "planner/array.h"
 
 #include <cjson/cJSON.h>
@@ -81,16 +83,19 @@ int rs_zarr_parse_meta(const char *text, size_t len, const char *path,
 		       const char *name, rs_catalog *c, size_t *tensor,
 		       rs_diag *d)
 {
-	cJSON *root = cJSON_ParseWithLength(text, len);
+	cJSON *root = NULL;
 	const cJSON *v;
 	uint64_t shape[RS_MAX_DIMS], chunks[RS_MAX_DIMS], total;
-	int nshape = 0, nchunks = 0, err = -EINVAL;
+	int nshape = 0, nchunks = 0, err;
 	rs_dtype dtype;
+	char why[100];
 
-	if (!root || !cJSON_IsObject(root)) {
-		rs_diag_add(d, "%s: not a JSON object", path);
+	err = rs_json_parse_object(text, len, &root, why, sizeof(why));
+	if (err == -EINVAL)
+		rs_diag_add(d, "%s: %s", path, why);
+	if (err)
 		goto out;
-	}
+	err = -EINVAL;
 	v = cJSON_GetObjectItemCaseSensitive(root, "zarr_format");
 	if (!cJSON_IsNumber(v) || v->valuedouble != 2) {
 		rs_diag_add(d, "%s: \"zarr_format\" must be 2", path);
@@ -194,6 +199,13 @@ static bool parse_chunk_name(const char *name, const rs_tensor *t,
 	return *p == 0;
 }
 
+/* qsort hands the comparator pointers to the array's char * elements:
+ * strcmp itself would compare the pointers' bytes, not the names. */
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 /* Sorted names of a directory (without . and ..).  *count set. */
 static int list_dir(int dirfd, char ***names, size_t *count)
 {
@@ -237,7 +249,7 @@ out:
 		return err;
 	}
 	if (n)
-		qsort(v, n, sizeof(*v), (int (*)(const void *, const void *))strcmp);
+		qsort(v, n, sizeof(*v), cmp_name);
 	*names = v;
 	*count = n;
 	return 0;
@@ -397,6 +409,9 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 		if ((err = join(path, relpath, names[i])))
 			goto fail_names;
 		if (stat_entry(ck, dirfd, names[i], path, &st, d)) {
+			/* Reported; not again as a missing chunk. */
+			if (parse_chunk_name(names[i], t, idx, &in_grid) && in_grid)
+				seen[t->ndim ? rs_tensor_grid_index(t, idx) : 0] = true;
 			bad = -EINVAL;
 			continue;
 		}
@@ -426,7 +441,14 @@ static int read_array(rs_checkpoint *ck, int dirfd, const char *relpath,
 			continue;
 		}
 		seen[t->ndim ? rs_tensor_grid_index(t, idx) : 0] = true;
-		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != chunk_bytes) {
+		if (!S_ISREG(st.st_mode)) {
+			/* A FIFO or device is never opened: it could block. */
+			rs_diag_add(d, "%s/%s: chunk file is not a regular file",
+				    ck->root_path, path);
+			bad = -EINVAL;
+			continue;
+		}
+		if ((uint64_t)st.st_size != chunk_bytes) {
 			rs_diag_add(d, "%s/%s: chunk file has %lld bytes, expected %llu",
 				    ck->root_path, path, (long long)st.st_size,
 				    (unsigned long long)chunk_bytes);

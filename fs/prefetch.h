@@ -5,8 +5,8 @@
  * a whole block to be gathered.  When a read continues where the last one
  * on the same open file ended, the read path asks for the next window: the
  * tensor blocks in it are built into the cache on the prefetch threads
- * (through the executor, like any miss).  Source ranges served zero-copy
- * are left to the kernel's own readahead on the source file: announcing
+ * (through the executor, like any miss).  Source ranges read straight into
+ * replies are left to the kernel's own readahead on the source file: announcing
  * them as well (POSIX_FADV_WILLNEED) measured 25% slower from a cold
  * source (BENCHMARKS.md).  A reader that walks a directory in readdir order (it
  * opened the file after the one it last read to the end) also gets the

@@ -35,7 +35,7 @@ int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
 	if (!rs_product(shape, ndim, &bytes) ||
 	    !rs_mul_u64(bytes, rs_dtype_size(dtype), &bytes))
 		return -EOVERFLOW;
-	if (nfrags > (1u << 24))
+	if (nfrags > RS_CATALOG_MAX_FRAGS)
 		return -E2BIG;
 	err = rs_array_reserve(&c->tensors, &c->cap, c->count + 1,
 			       sizeof(rs_tensor));
@@ -164,6 +164,119 @@ out:
 	free(taken);
 	free(sorted);
 	return ok;
+}
+
+typedef struct {
+	uint64_t start;         /* box.off[axis] */
+	size_t frag;
+} by_start;
+
+static int cmp_start(const void *a, const void *b)
+{
+	const by_start *x = a, *y = b;
+
+	return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Fills order[] with the fragments sorted by where they start along
+ * `axis`; returns how many distinct starts there are. */
+static size_t sort_along(const rs_tensor *t, int axis, by_start *order)
+{
+	size_t distinct = 0;
+
+	for (size_t f = 0; f < t->nfrags; f++)
+		order[f] = (by_start){ t->frags[f].box.off[axis], f };
+	qsort(order, t->nfrags, sizeof(*order), cmp_start);
+	for (size_t f = 0; f < t->nfrags; f++)
+		distinct += f == 0 || order[f].start != order[f - 1].start;
+	return distinct;
+}
+
+/* Sweeps along the axis the fragments are cut most along (so fragments
+ * side by side are rarely compared): a fragment can only meet those that
+ * start before it ends there.  0 when none overlap; -EINVAL with *a < *b
+ * overlapping; -E2BIG past RS_TILING_MAX_PAIRS comparisons. */
+static int find_overlap(const rs_tensor *t, by_start *order, size_t *a,
+			size_t *b)
+{
+	uint64_t pairs = 0;
+	size_t most = 0;
+	int axis = 0;
+
+	if (t->ndim == 0) {
+		if (t->nfrags < 2)
+			return 0;
+		*a = 0;
+		*b = 1;
+		return -EINVAL;
+	}
+	for (int i = 0; i < t->ndim; i++) {
+		size_t n = sort_along(t, i, order);
+
+		if (n > most) {
+			most = n;
+			axis = i;
+		}
+	}
+	sort_along(t, axis, order);
+	for (size_t i = 0; i < t->nfrags; i++) {
+		const rs_box *x = &t->frags[order[i].frag].box;
+		uint64_t end = x->off[axis] + x->len[axis];
+
+		for (size_t j = i + 1; j < t->nfrags && order[j].start < end; j++) {
+			rs_box both;
+
+			if (++pairs > RS_TILING_MAX_PAIRS)
+				return -E2BIG;
+			if (rs_box_intersect(x, &t->frags[order[j].frag].box,
+					     &both)) {
+				*a = order[i].frag < order[j].frag ? order[i].frag
+								  : order[j].frag;
+				*b = order[i].frag ^ order[j].frag ^ *a;
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
+}
+
+int rs_tensor_check_tiling(const rs_tensor *t, size_t *a, size_t *b,
+			   uint64_t *covered, uint64_t *total)
+{
+	by_start *order;
+	uint64_t sum = 0;
+	int err;
+
+	/* The byte size was checked when the tensor was added. */
+	rs_product(t->shape, t->ndim, total);
+	*covered = *total;
+	if (t->regular)
+		return 0;
+	for (size_t f = 0; f < t->nfrags; f++) {
+		const rs_box *x = &t->frags[f].box;
+		uint64_t vol;
+
+		for (int i = 0; i < t->ndim; i++)
+			if (x->off[i] > t->shape[i] ||
+			    x->len[i] > t->shape[i] - x->off[i]) {
+				*a = *b = f;
+				return -ERANGE;
+			}
+		rs_product(x->len, t->ndim, &vol); /* inside: no overflow */
+		if (!rs_add_u64(sum, vol, &sum))
+			sum = UINT64_MAX;
+	}
+	order = malloc((t->nfrags ? t->nfrags : 1) * sizeof(*order));
+	if (!order)
+		return -ENOMEM;
+	err = find_overlap(t, order, a, b);
+	free(order);
+	if (err)
+		return err;
+	/* Disjoint boxes inside the shape: their volumes add up to at most
+	 * the whole, and to the whole only when they cover it. */
+	*covered = sum;
+	return sum == *total ? 0 : -ENODATA;
 }
 
 int rs_catalog_set_origin(rs_catalog *c, size_t index, const char *origin)

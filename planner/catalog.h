@@ -53,17 +53,26 @@ typedef struct {
 void rs_catalog_init(rs_catalog *c);
 void rs_catalog_free(rs_catalog *c);
 
+/* Fragments of one tensor at most.  Room for them is allocated up front
+ * (about 200 bytes each) from numbers a checkpoint gives, so a few bytes of
+ * hostile .zarray must not cost gigabytes.  2^20 fragments is ~200 MB,
+ * far above any real grid (layers x experts x TP is ~10^5 chunk files in
+ * one directory). */
+#define RS_CATALOG_MAX_FRAGS (1u << 20)
+
 /* Appends a tensor with a regular grid of `chunk` extents and room for one
  * fragment per grid cell (fragments start zeroed; the caller fills each with
  * rs_catalog_set_chunk).  `name` is copied.  On success *index is the new
- * tensor's index.  -EOVERFLOW when the grid or byte sizes overflow. */
+ * tensor's index.  -EOVERFLOW when the grid or byte sizes overflow, -E2BIG
+ * past RS_CATALOG_MAX_FRAGS cells. */
 int rs_catalog_add_regular(rs_catalog *c, const char *name, rs_dtype dtype,
 			   int ndim, const uint64_t *shape,
 			   const uint64_t *chunk, size_t *index);
 
 /* Appends a tensor with `nfrags` zeroed fragments the caller fills in any
  * order (then rs_tensor_make_regular may find their grid).  `name` is
- * copied.  -EOVERFLOW when the byte size of the shape overflows. */
+ * copied.  -EOVERFLOW when the byte size of the shape overflows, -E2BIG
+ * past RS_CATALOG_MAX_FRAGS fragments. */
 int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
 			     int ndim, const uint64_t *shape, size_t nfrags,
 			     size_t *index);
@@ -74,6 +83,18 @@ int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,
  * `regular`.  Returns true if so; otherwise leaves the tensor unchanged.
  * Fragments that overlap or leave holes are never regular. */
 bool rs_tensor_make_regular(rs_tensor *t);
+
+/* Whether the fragments tile the shape exactly, whatever their grid: each
+ * inside the shape, no two overlapping, their volumes adding up to the
+ * whole.  (A regular tensor does by construction.)  Fragments that leave a
+ * hole must not be served: the plan would fill it with zeros.  Returns 0;
+ * -ERANGE when fragment *a lies outside the shape; -EINVAL with *a < *b
+ * two overlapping fragments; -ENODATA when they leave elements uncovered
+ * (*covered of *total); -E2BIG when checking would take more than
+ * RS_TILING_MAX_PAIRS comparisons (refuse those too); -ENOMEM. */
+#define RS_TILING_MAX_PAIRS (1u << 24)
+int rs_tensor_check_tiling(const rs_tensor *t, size_t *a, size_t *b,
+			   uint64_t *covered, uint64_t *total);
 
 /* Records the file that defines tensor `index` (copied), so problems with
  * it can name the file.  Returns 0 or -ENOMEM. */

@@ -62,8 +62,8 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 		if (!r || r->split == RS_SPLIT_NONE)
 			continue;
 		if (!t->regular) {
-			rs_diag_add(d, "%s: fragments do not form a regular grid; cannot reshard",
-				    t->name);
+			rs_diag_add(d, "%s: tensor %s: its chunks do not form a regular grid; cannot reshard",
+				    t->origin ? t->origin : t->name, t->name);
 			err = -EINVAL;
 			continue;
 		}
@@ -81,6 +81,8 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 				    t->origin ? t->origin : t->name, t->name, tg->axis,
 				    (unsigned long long)t->shape[tg->axis],
 				    (unsigned long long)t->grid[tg->axis]);
+			/* Reported: retarget and src_tp inference skip it. */
+			tg->axis = -1;
 			err = -EINVAL;
 		}
 	}

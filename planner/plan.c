@@ -135,7 +135,9 @@ static void sort_and_merge(rs_plan *p)
 {
 	size_t w = 0;
 
-	qsort(p->ops, p->count, sizeof(*p->ops), cmp_dst);
+	/* An empty plan has no array: qsort(NULL, 0) is undefined. */
+	if (p->count > 1)
+		qsort(p->ops, p->count, sizeof(*p->ops), cmp_dst);
 	for (size_t r = 0; r < p->count; r++) {
 		rs_copy_op *op = &p->ops[r];
 

@@ -59,7 +59,9 @@ int rs_plan_box(const rs_tensor *t, const rs_box *box,
 		const uint64_t *dst_extent, rs_plan *out);
 
 /* The part of `in` that writes destination bytes [begin, end), with
- * destination offsets made relative to `begin`. */
+ * destination offsets made relative to `begin`.  Its ops follow `in`'s op
+ * by op, so they are not sorted by dst_off where strided ops interleave
+ * (executors do not need them sorted). */
 int rs_plan_slice(const rs_plan *in, uint64_t begin, uint64_t end,
 		  rs_plan *out);
 
@@ -69,8 +71,8 @@ bool rs_plan_is_runs(const rs_plan *p);
 
 /* Rewrites `p` in place as single runs, one per row, sorted by destination,
  * when every strided op's rows are at least `min_len` bytes and the result
- * has at most `max_runs` runs: long rows are then served zero-copy like any
- * contiguous range.  Returns 0 (p is now runs), -E2BIG (rows too short or
+ * has at most `max_runs` runs: long rows are then served like any
+ * contiguous range, without the cache.  Returns 0 (p is now runs), -E2BIG (rows too short or
  * too many; p unchanged) or -ENOMEM (p unchanged). */
 int rs_plan_unroll_rows(rs_plan *p, uint64_t min_len, size_t max_runs);
 

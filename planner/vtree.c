@@ -284,8 +284,8 @@ int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan)
 	int err = 0;
 
 	if (!rs_plan_is_runs(plan) &&
-	    rs_plan_unroll_rows(plan, RS_VTREE_SPLICE_MIN_ROW,
-				RS_VTREE_SPLICE_MAX_RUNS) != 0) {
+	    rs_plan_unroll_rows(plan, RS_VTREE_DIRECT_MIN_ROW,
+				RS_VTREE_DIRECT_MAX_RUNS) != 0) {
 		err = rs_vtree_add_chunk(t, plan, &c);
 		if (err)
 			goto out;

@@ -102,13 +102,14 @@ int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
 int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out);
 
 /* Strided rows at least this long are served as SOURCE segments, one per
- * row (zero-copy), up to this many rows per plan. */
-#define RS_VTREE_SPLICE_MIN_ROW (64u << 10)
-#define RS_VTREE_SPLICE_MAX_RUNS 4096u
+ * row (read straight into the reply, no cache block), up to this many rows
+ * per plan. */
+#define RS_VTREE_DIRECT_MIN_ROW (64u << 10)
+#define RS_VTREE_DIRECT_MAX_RUNS 4096u
 
 /* Appends a whole plan's destination to a file: as SOURCE and ZERO
  * segments when it is a concatenation of source runs, or of strided rows
- * of at least RS_VTREE_SPLICE_MIN_ROW bytes (zero-copy), else as one
+ * of at least RS_VTREE_DIRECT_MIN_ROW bytes (no cache block), else as one
  * TENSOR segment over a new chunk.  Takes ownership of *plan. */
 int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan);
 

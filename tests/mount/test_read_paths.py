@@ -1,8 +1,8 @@
 """The fast paths of the read path, through a real mount, bytes checked
 against the numpy oracle:
 
-* strided rows of 64 KiB or more are served zero-copy (no cache block is
-  ever built for them), short ones through the cache;
+* strided rows of 64 KiB or more are read straight from the source (no
+  cache block is ever built for them), short ones through the cache;
 * a sequential reader gets the next blocks prefetched, a reader walking a
   directory in readdir order (cp -r) gets the next file's blocks too, and a
   random reader gets none;
@@ -41,9 +41,9 @@ def read_array_files(m, exp, key):
     return n
 
 
-def test_long_strided_rows_are_zero_copy(sample, mount):
+def test_long_strided_rows_skip_the_cache(sample, mount):
     # fc2 [1, 8, 65536] split on its last axis at tp=2: bf16 rows of
-    # 64 KiB, fp32 optimizer rows of 128 KiB: spliced from the source.
+    # 64 KiB, fp32 optimizer rows of 128 KiB: read straight from the source.
     src = sample(1, layers=1, hidden=8, ffn=65536, heads=2, groups=1,
                  vocab=256, divisor=8)
     exp = ExpectedView(src, 2)

@@ -56,6 +56,7 @@ sd = {
     "narrow": base[1:5, 2:7],          # a strided window of a storage
     "scalar": torch.tensor(2.5),
     "ints": torch.arange(10, dtype=torch.int64),
+    "empty": torch.zeros((0, 3), dtype=torch.int64),  # an empty storage
 }
 dcp.save(sd, checkpoint_id=sys.argv[1], no_dist=True)
 '''

@@ -90,7 +90,7 @@ static void run(const fixture *f, const rs_plan *p, uint8_t *dst)
 }
 
 /* Plans and checks every box of a target grid; returns how many plans
- * were pure runs (zero-copy candidates). */
+ * were pure runs (served straight from the source). */
 static int check_grid(fixture *f, const uint64_t *tshape, const uint64_t *tchunk)
 {
 	int n = f->t->ndim, runs = 0;
@@ -252,6 +252,58 @@ static void test_make_regular(void)
 	}
 }
 
+/* Fragments off any grid are served only when they tile the tensor:
+ * exact tilings pass; an overlap (also one a sweep along the wrong axis
+ * would compare late), a hole, a fragment outside, and a 0-d tensor with
+ * two fragments or none are refused with what is wrong. */
+static void test_check_tiling(void)
+{
+	static const struct {
+		int ndim, n, want;
+		uint64_t shape[2];
+		rs_box f[3];
+	} cases[] = {
+		{ 1, 3, 0, { 10 }, { { 1, { 0 }, { 3 } }, { 1, { 7 }, { 3 } },
+				    { 1, { 3 }, { 4 } } } },
+		{ 1, 2, -ENODATA, { 10 }, { { 1, { 0 }, { 3 } },
+					   { 1, { 7 }, { 3 } } } },
+		{ 1, 2, -EINVAL, { 10 }, { { 1, { 0 }, { 5 } },
+					  { 1, { 3 }, { 7 } } } },
+		{ 2, 3, -EINVAL, { 4, 4 }, { { 2, { 0, 0 }, { 4, 1 } },
+					    { 2, { 0, 1 }, { 4, 1 } },
+					    { 2, { 0, 1 }, { 4, 3 } } } },
+		{ 1, 2, 0, { 4 }, { { 1, { 0 }, { 4 } }, { 1, { 4 }, { 0 } } } },
+		{ 1, 1, -ERANGE, { 4 }, { { 1, { 2 }, { 3 } } } },
+		{ 0, 2, -EINVAL, { 0 }, { { 0 }, { 0 } } },
+		{ 0, 0, -ENODATA, { 0 }, { { 0 } } },
+	};
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		uint64_t covered = 0, total = 0;
+		size_t a = 9, b = 9, ti;
+		rs_catalog c;
+		int err;
+
+		rs_catalog_init(&c);
+		CHECK(rs_catalog_add_fragments(&c, "t", RS_DTYPE_F32,
+					       cases[k].ndim, cases[k].shape,
+					       (size_t)cases[k].n, &ti) == 0);
+		for (int i = 0; i < cases[k].n; i++)
+			c.tensors[ti].frags[i].box = cases[k].f[i];
+		rs_tensor_make_regular(&c.tensors[ti]);
+		err = rs_tensor_check_tiling(&c.tensors[ti], &a, &b, &covered,
+					     &total);
+		CHECK(err == cases[k].want);
+		if (err != cases[k].want)
+			fprintf(stderr, "tiling case %zu: %d\n", k, err);
+		if (err == -EINVAL && cases[k].ndim)
+			CHECK(a < b && b < (size_t)cases[k].n);
+		if (k == 1)
+			CHECK(covered == 6 && total == 10);
+		rs_catalog_free(&c);
+	}
+}
+
 /* The tree's (directory, name) index: the same names in two directories,
  * thousands of children (the index grows several times), duplicates
  * refused, misses reported. */
@@ -298,6 +350,7 @@ int main(void)
 
 	test_strided_fragment();
 	test_make_regular();
+	test_check_tiling();
 	test_vtree_names();
 
 	srand(7);

@@ -45,6 +45,12 @@ static void test_bad(void)
 		"{\"zarr_format\": 2, \"shape\": [4294967296, 4294967296, 4294967296], \"chunks\": [1, 1, 1], \"dtype\": \"<f4\", \"order\": \"C\"}",
 		"{\"zarr_format\": 2, \"shape\": [1,1,1,1,1,1,1,1,1], \"chunks\": [1,1,1,1,1,1,1,1,1], \"dtype\": \"<f4\", \"order\": \"C\"}",
 		"{\"zarr_format\": 2, \"shape\": [100000000], \"chunks\": [1], \"dtype\": \"<f4\", \"order\": \"C\"}",
+		/* What Python's json.loads reads differently from cJSON: a
+		 * second "chunks" (Python keeps the last), bytes after the
+		 * object, a NUL inside a string, raw or escaped. */
+		"{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], \"chunks\": [4], \"dtype\": \"<f4\", \"order\": \"C\"}",
+		"{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], \"dtype\": \"<f4\", \"order\": \"C\"} {}",
+		"{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], \"dtype\": \"<f4\\u0000x\", \"order\": \"C\"}",
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -57,6 +63,25 @@ static void test_bad(void)
 			fprintf(stderr, "case %zu\n", i);
 		rs_diag_free(d);
 	}
+}
+
+/* A raw NUL ends a C string; the parser is given the whole length. */
+static void test_raw_nul(void)
+{
+	static const char text[] =
+		"{\"zarr_format\": 2, \"shape\": [4], \"chunks\": [2], "
+		"\"dtype\": \"<f4\0x\", \"order\": \"C\"}";
+	rs_diag *d = rs_diag_new();
+	rs_catalog c;
+	size_t t;
+
+	rs_catalog_init(&c);
+	CHECK(rs_zarr_parse_meta(text, sizeof(text) - 1, "A/.zarray", "A", &c,
+				 &t, d) == -EINVAL);
+	CHECK(rs_diag_count(d) == 1);
+	CHECK(c.count == 0);
+	rs_catalog_free(&c);
+	rs_diag_free(d);
 }
 
 static void test_good(void)
@@ -106,6 +131,7 @@ static void test_rewrite(void)
 int main(void)
 {
 	test_bad();
+	test_raw_nul();
 	test_good();
 	test_rewrite();
 	return CHECK_DONE();
