@@ -15,7 +15,6 @@ Needs numpy only (no torch): pickles and zips are edited with tests/bad/edit.py.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -32,16 +31,10 @@ sys.path.insert(0, str(HERE))
 
 import cases  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))
+import make_sample_checkpoint  # noqa: E402
+
 MOUNT_TIMEOUT = 10.0
-
-
-def _sample_writer():
-    path = REPO / "scripts" / "make_sample_checkpoint.py"
-    spec = importlib.util.spec_from_file_location("make_sample_checkpoint",
-                                                  path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _mounted(mnt):
@@ -98,7 +91,7 @@ class Context:
 
 def make_bases(ctx, binary):
     ctx.zarr.parent.mkdir(parents=True, exist_ok=True)
-    _sample_writer().make_checkpoint(str(ctx.zarr), 2, layers=2,
+    make_sample_checkpoint.make_checkpoint(str(ctx.zarr), 2, layers=2,
                                      optimizer=False)
     copy_of_view(binary, ctx.zarr, ctx.td, "format=torch_dist,tp=2")
     o = ctx.outside

@@ -175,24 +175,6 @@ static void check_tensor(const rs_checkpoint *ck, const rs_tensor *t)
 	check_plans(ck, t);
 }
 
-static void check_diag(const rs_diag *d, int err)
-{
-	size_t n = rs_diag_count(d);
-
-	if (err == 0) {
-		RS_FUZZ_CHECK(n == 0);
-		return;
-	}
-	if (err != -EINVAL)
-		return;
-	RS_FUZZ_CHECK(n >= 1);
-	for (size_t i = 0; i < n; i++) {
-		const char *line = rs_diag_line(d, i);
-
-		RS_FUZZ_CHECK(!line || strncmp(line, root, strlen(root)) == 0);
-	}
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const uint8_t *part[1 + NFILES] = { data };
@@ -232,7 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	err = rs_dcp_read_metadata(&ck, part[0], len[0], d);
 	RS_FUZZ_CHECK(err == 0 || err == -EINVAL || err == -ENOMEM ||
 		      err == -E2BIG);
-	check_diag(d, err);
+	rs_fuzz_check_diag(d, err, root);
 	if (!err) {
 		for (size_t i = 0; i < ck.catalog.count; i++)
 			check_tensor(&ck, &ck.catalog.tensors[i]);

@@ -19,25 +19,6 @@
 
 #define PATH "a/.zarray"
 
-/* Every line of a refusal names the file. */
-static void check_diag(const rs_diag *d, int err)
-{
-	size_t n = rs_diag_count(d);
-
-	if (err == 0) {
-		RS_FUZZ_CHECK(n == 0);
-		return;
-	}
-	if (err != -EINVAL)
-		return;
-	RS_FUZZ_CHECK(n >= 1);
-	for (size_t i = 0; i < n; i++) {
-		const char *line = rs_diag_line(d, i);
-
-		RS_FUZZ_CHECK(!line || strncmp(line, PATH ": ", strlen(PATH) + 2) == 0);
-	}
-}
-
 /* A new grid for the parsed tensor, as a view would ask: each axis cut in
  * 1..4 pieces by the input's last bytes (past the object cJSON reads, so
  * free for the fuzzer to vary).  Falls back to the stored grid
@@ -127,7 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	rs_catalog_init(&c);
 	err = rs_zarr_parse_meta(text, size, PATH, "a", &c, &index, d);
-	check_diag(d, err);
+	rs_fuzz_check_diag(d, err, PATH ": ");
 	if (err == 0)
 		check_rewrite(text, size, &c.tensors[index], data, size);
 	else
