@@ -2,6 +2,7 @@
 #include "formats/checkpoint.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -10,6 +11,9 @@
 #include <unistd.h>
 
 #include "formats/dcp.h"
+#include "formats/megatron.h"
+#include "formats/metaseq.h"
+#include "formats/safetensors.h"
 #include "formats/json_text.h"
 #include "formats/zarr.h"
 
@@ -22,6 +26,12 @@ const char *rs_format_name(rs_format f)
 		return "zarr";
 	case RS_FORMAT_TORCH_DIST:
 		return "torch_dist";
+	case RS_FORMAT_MEGATRON:
+		return "megatron";
+	case RS_FORMAT_METASEQ:
+		return "metaseq";
+	case RS_FORMAT_SAFETENSORS:
+		return "safetensors";
 	}
 	return "unknown";
 }
@@ -79,6 +89,69 @@ out:
 	return err;
 }
 
+/* What a top-level name says about the format, or 0. */
+static rs_format format_of_name(const char *name, bool is_dir)
+{
+	size_t n = strlen(name);
+
+	if (is_dir && strncmp(name, "mp_rank_", 8) == 0)
+		return RS_FORMAT_MEGATRON;
+	if (!is_dir && strcmp(name, "latest_checkpointed_iteration.txt") == 0)
+		return RS_FORMAT_MEGATRON;
+	if (!is_dir && (strcmp(name, "model.safetensors.index.json") == 0 ||
+			(n > 12 && strcmp(name + n - 12, ".safetensors") == 0)))
+		return RS_FORMAT_SAFETENSORS;
+	if (!is_dir && n > 3 && strcmp(name + n - 3, ".pt") == 0 &&
+	    strstr(name, "model_part-"))
+		return RS_FORMAT_METASEQ;
+	return 0;
+}
+
+/* A checkpoint without metadata.json: per-rank Megatron directories,
+ * safetensors files or metaseq shards at the top.  Several kinds at once
+ * are refused rather than guessed between. */
+static int detect_by_names(rs_checkpoint *ck, rs_diag *d)
+{
+	int fd = dup(rs_sources_root_fd(ck->sources));
+	rs_format found = 0;
+	bool mixed = false;
+	struct dirent *e;
+	DIR *dir;
+
+	if (fd < 0 || !(dir = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		rs_diag_add(d, "%s: cannot list: %s", ck->root_path,
+			    strerror(errno));
+		return -EINVAL;
+	}
+	while ((e = readdir(dir))) {
+		struct stat st;
+		rs_format f;
+
+		if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue;
+		f = format_of_name(e->d_name, S_ISDIR(st.st_mode));
+		if (f && found && f != found)
+			mixed = true;
+		if (f)
+			found = f;
+	}
+	closedir(dir);
+	if (mixed) {
+		rs_diag_add(d, "%s: holds files of more than one checkpoint format (per-rank Megatron, safetensors, metaseq)",
+			    ck->root_path);
+		return -EINVAL;
+	}
+	if (!found) {
+		rs_diag_add(d, "%s: not a checkpoint (no metadata.json, .metadata, mp_rank_* directories, *.safetensors or *model_part-*.pt files)",
+			    ck->root_path);
+		return -EINVAL;
+	}
+	ck->format = found;
+	return 0;
+}
+
 /* Reads metadata.json and decides the format (FORMATS.md §1). */
 static int detect_format(rs_checkpoint *ck, rs_diag *d)
 {
@@ -99,9 +172,7 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 			ck->format = RS_FORMAT_TORCH_DIST;
 			return 0;
 		}
-		rs_diag_add(d, "%s: not a checkpoint (no metadata.json or .metadata)",
-			    ck->root_path);
-		return -EINVAL;
+		return detect_by_names(ck, d);
 	}
 	if (err)
 		return err;
@@ -133,8 +204,10 @@ out:
 	return err;
 }
 
-int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d)
+int rs_checkpoint_open(const char *root, const rs_open_opts *o,
+		       rs_checkpoint *ck, rs_diag *d)
 {
+	static const rs_open_opts none = { 0 };
 	struct stat st;
 	size_t n;
 	int err;
@@ -164,12 +237,26 @@ int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d)
 	err = detect_format(ck, d);
 	if (err)
 		goto fail;
-	if (ck->format == RS_FORMAT_ZARR) {
+	if (!o)
+		o = &none;
+	switch (ck->format) {
+	case RS_FORMAT_ZARR:
 		err = rs_zarr_read(ck, d);
 		if (!err)
 			err = rs_zarr_collect_blobs(ck);
-	} else {
+		break;
+	case RS_FORMAT_TORCH_DIST:
 		err = rs_dcp_read(ck, d);
+		break;
+	case RS_FORMAT_MEGATRON:
+		err = rs_megatron_read(ck, d);
+		break;
+	case RS_FORMAT_METASEQ:
+		err = rs_metaseq_read(ck, o->params_file, d);
+		break;
+	case RS_FORMAT_SAFETENSORS:
+		err = rs_safetensors_read(ck, d);
+		break;
 	}
 	if (err)
 		goto fail;
@@ -190,6 +277,8 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	for (size_t i = 0; i < ck->nblobs; i++)
 		free(ck->blobs[i].fqn);
 	free(ck->blobs);
+	if (ck->extra_free)
+		ck->extra_free(ck->extra);
 	rs_catalog_free(&ck->catalog);
 	rs_sources_free(ck->sources);
 	free(ck->root_path);
@@ -205,9 +294,25 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
 	if (err)
 		return err;
 	if (view == 0)
-		view = ck->format;
-	err = view == RS_FORMAT_ZARR ? rs_zarr_build_view(ck, l, t, d)
-				     : rs_dcp_build_view(ck, l, t, d);
+		view = rs_format_default_view(ck->format);
+	switch (view) {
+	case RS_FORMAT_ZARR:
+		err = rs_zarr_build_view(ck, l, t, d);
+		break;
+	case RS_FORMAT_TORCH_DIST:
+		err = rs_dcp_build_view(ck, l, t, d);
+		break;
+	case RS_FORMAT_MEGATRON:
+		err = rs_megatron_build_view(ck, l, t, d);
+		break;
+	case RS_FORMAT_SAFETENSORS:
+		err = rs_safetensors_build_view(ck, l, t, d);
+		break;
+	default:
+		rs_diag_add(d, "%s: there is no %s view (choose -o format=)",
+			    ck->root_path, rs_format_name(view));
+		err = -EINVAL;
+	}
 	/* Two things of one name in the view (a tensor or byte item and a
 	 * file of SOURCE): the tree refuses the second; say so, not "File
 	 * exists". */
@@ -221,11 +326,22 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
 
 int rs_format_parse(const char *name, rs_format *out)
 {
-	if (strcmp(name, "zarr") == 0)
-		*out = RS_FORMAT_ZARR;
-	else if (strcmp(name, "torch_dist") == 0)
-		*out = RS_FORMAT_TORCH_DIST;
-	else
-		return -EINVAL;
-	return 0;
+	static const rs_format views[] = {
+		RS_FORMAT_ZARR, RS_FORMAT_TORCH_DIST, RS_FORMAT_MEGATRON,
+		RS_FORMAT_SAFETENSORS,
+	};
+
+	for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++)
+		if (strcmp(name, rs_format_name(views[i])) == 0) {
+			*out = views[i];
+			return 0;
+		}
+	return -EINVAL;
+}
+
+rs_format rs_format_default_view(rs_format source)
+{
+	/* metaseq shards have no view of their own: they are read to be
+	 * loaded elsewhere, and safetensors is what any loader reads. */
+	return source == RS_FORMAT_METASEQ ? RS_FORMAT_SAFETENSORS : source;
 }

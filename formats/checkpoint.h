@@ -29,7 +29,19 @@
 typedef enum {
 	RS_FORMAT_ZARR = 1,
 	RS_FORMAT_TORCH_DIST,
+	RS_FORMAT_MEGATRON,     /* legacy per-rank mp_rank_TT[_PPP] files
+				 * (formats/megatron.h) */
+	RS_FORMAT_METASEQ,      /* metaseq/fairscale flat shards, a source
+				 * only (formats/metaseq.h) */
+	RS_FORMAT_SAFETENSORS,  /* formats/safetensors.h */
 } rs_format;
+
+/* What rs_checkpoint_open needs besides SOURCE. */
+typedef struct {
+	const char *params_file;  /* -o params=FILE: names and shapes of a
+				   * metaseq checkpoint's flat params, when
+				   * its files lack shard_metadata */
+} rs_open_opts;
 
 /* A file or directory copied into the view unchanged.  `parent` is the
  * index of the enclosing passthrough directory, or -1 for SOURCE itself;
@@ -76,9 +88,14 @@ typedef struct {
 	size_t narrays, cap_arrays;
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
+	/* What a format's reader keeps for its own view (the legacy
+	 * Megatron args, say), freed with extra_free at close. */
+	void *extra;
+	void (*extra_free)(void *extra);
 } rs_checkpoint;
 
-int rs_checkpoint_open(const char *root, rs_checkpoint *ck, rs_diag *d);
+int rs_checkpoint_open(const char *root, const rs_open_opts *o,
+		       rs_checkpoint *ck, rs_diag *d);
 void rs_checkpoint_close(rs_checkpoint *ck);
 
 /* Reads the small metadata file `relpath` under SOURCE whole (beneath
@@ -95,8 +112,13 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
 			     const rs_layout *l, rs_vtree *t, rs_diag *d);
 
 /* Name of the format, for logs and stats; and back ("zarr",
- * "torch_dist"), -EINVAL for an unknown name. */
+ * "torch_dist", "megatron", "metaseq", "safetensors"), -EINVAL for an
+ * unknown name. */
 const char *rs_format_name(rs_format f);
 int rs_format_parse(const char *name, rs_format *out);
+
+/* The view a source is shown as without -o format=: its own format, or
+ * safetensors for metaseq shards. */
+rs_format rs_format_default_view(rs_format source);
 
 #endif

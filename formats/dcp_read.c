@@ -34,34 +34,13 @@ typedef struct {
 	size_t nitems, cap_items;
 } reader;
 
-static const struct {
-	const char *torch;      /* "torch.<name>" dtype global */
-	const char *storage;    /* legacy typed storage class */
-	rs_dtype dtype;
-} dtypes[] = {
-	{ "float32", "FloatStorage", RS_DTYPE_F32 },
-	{ "bfloat16", "BFloat16Storage", RS_DTYPE_BF16 },
-	{ "float16", "HalfStorage", RS_DTYPE_F16 },
-	{ "float64", "DoubleStorage", RS_DTYPE_F64 },
-	{ "int8", "CharStorage", RS_DTYPE_I8 },
-	{ "uint8", "ByteStorage", RS_DTYPE_U8 },
-	{ "int16", "ShortStorage", RS_DTYPE_I16 },
-	{ "int32", "IntStorage", RS_DTYPE_I32 },
-	{ "int64", "LongStorage", RS_DTYPE_I64 },
-	{ "bool", "BoolStorage", RS_DTYPE_BOOL },
-};
-#define N_DTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
-
 static rs_dtype dtype_of_global(const rs_pvalue *g, bool storage)
 {
 	const char *mod = rs_pv_global_module(g), *name = rs_pv_global_name(g);
 
 	if (!mod || !name || strcmp(mod, "torch") != 0)
 		return RS_DTYPE_INVALID;
-	for (size_t i = 0; i < N_DTYPES; i++)
-		if (strcmp(name, storage ? dtypes[i].storage : dtypes[i].torch) == 0)
-			return dtypes[i].dtype;
-	return RS_DTYPE_INVALID;
+	return rs_dtype_from_torch(name, storage);
 }
 
 static bool get_u64(const rs_pvalue *v, uint64_t *out)
@@ -279,7 +258,7 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	uint64_t e = rs_dtype_size(t->dtype), soff, numel, size[RS_MAX_DIMS];
 	uint64_t stride[RS_MAX_DIMS], last, bytes;
 	int fd, n1 = 0, n2 = 0, err;
-	bool empty = false;
+	bool empty = false, v3;
 	uint32_t src;
 	char record[64];
 	const char *key;
@@ -321,7 +300,11 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	args = rs_pv_args(root);
 	pid = rs_pv_persid(rs_pv_item(args, 0));
 	key = rs_pv_str(rs_pv_item(pid, 2), NULL);
-	if (!rs_pv_call_is(root, "torch._utils._rebuild_tensor_v2") ||
+	/* torch.save writes _rebuild_tensor_v2 over a typed storage, or v3
+	 * over an UntypedStorage with the dtype as its 7th argument for
+	 * types that have no typed storage (fp8). */
+	v3 = rs_pv_call_is(root, "torch._utils._rebuild_tensor_v3");
+	if (!(v3 || rs_pv_call_is(root, "torch._utils._rebuild_tensor_v2")) ||
 	    !rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
 	    !get_u64(rs_pv_item(pid, 4), &numel) ||
 	    !get_u64(rs_pv_item(args, 1), &soff) ||
@@ -330,8 +313,24 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 		rs_diag_add(r->d, "%s: data.pkl is not one torch tensor", where);
 		goto fail;
 	}
-	if (dtype_of_global(rs_pv_item(pid, 1), true) != t->dtype &&
-	    !rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage")) {
+	if (v3 && dtype_of_global(rs_pv_item(args, 6), false) != t->dtype) {
+		rs_diag_add(r->d, "%s: stored as %s, but .metadata says %s", where,
+			    rs_pv_global_name(rs_pv_item(args, 6)) ?
+				    rs_pv_global_name(rs_pv_item(args, 6)) : "?",
+			    rs_dtype_name(t->dtype));
+		goto fail;
+	}
+	/* An UntypedStorage counts bytes, a typed one elements. */
+	if (rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage") ||
+	    rs_pv_global_is(rs_pv_item(pid, 1), "torch.storage.UntypedStorage")) {
+		if (numel % e) {
+			rs_diag_add(r->d, "%s: storage of %llu bytes is not a whole number of %s elements",
+				    where, (unsigned long long)numel,
+				    rs_dtype_name(t->dtype));
+			goto fail;
+		}
+		numel /= e;
+	} else if (v3 || dtype_of_global(rs_pv_item(pid, 1), true) != t->dtype) {
 		rs_diag_add(r->d, "%s: stored as %s, but .metadata says %s", where,
 			    rs_pv_global_name(rs_pv_item(pid, 1)) ?
 				    rs_pv_global_name(rs_pv_item(pid, 1)) : "?",

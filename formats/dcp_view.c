@@ -56,23 +56,6 @@ typedef struct {
 	uint32_t *files;        /* vtree node of each rank's .distcp */
 } builder;
 
-static const char *storage_class(rs_dtype t)
-{
-	switch (t) {
-	case RS_DTYPE_F32: return "FloatStorage";
-	case RS_DTYPE_BF16: return "BFloat16Storage";
-	case RS_DTYPE_F16: return "HalfStorage";
-	case RS_DTYPE_F64: return "DoubleStorage";
-	case RS_DTYPE_I8: return "CharStorage";
-	case RS_DTYPE_U8: return "ByteStorage";
-	case RS_DTYPE_I16: return "ShortStorage";
-	case RS_DTYPE_I32: return "IntStorage";
-	case RS_DTYPE_I64: return "LongStorage";
-	case RS_DTYPE_BOOL: return "BoolStorage";
-	default: return NULL;
-	}
-}
-
 /* torch.Size((v...)) */
 static void pw_size(rs_pwriter *w, const uint64_t *v, int n)
 {
@@ -101,10 +84,14 @@ static void pw_object_end(rs_pwriter *w)
 	rs_pw_build(w);
 }
 
-/* data.pkl of one dense C-order tensor of `box.len` extents. */
+/* data.pkl of one dense C-order tensor of `box.len` extents, as torch.save
+ * writes it: _rebuild_tensor_v2 over a typed storage, or, for a dtype
+ * without one (fp8), _rebuild_tensor_v3 over an UntypedStorage (counted
+ * in bytes) with the dtype last. */
 static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 			 size_t *len)
 {
+	const char *storage = rs_dtype_torch_storage(dtype);
 	uint64_t stride[RS_MAX_DIMS], numel = 1;
 	rs_pwriter w;
 
@@ -112,15 +99,19 @@ static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 	for (int i = 0; i < box->ndim; i++)
 		numel *= box->len[i];
 	rs_pw_init(&w, 2);
-	rs_pw_global(&w, "torch._utils", "_rebuild_tensor_v2");
+	rs_pw_global(&w, "torch._utils",
+		     storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
 	rs_pw_tuple_begin(&w);
 	/* the storage, by persistent id */
 	rs_pw_tuple_begin(&w);
 	rs_pw_cstr(&w, "storage");
-	rs_pw_global(&w, "torch", storage_class(dtype));
+	if (storage)
+		rs_pw_global(&w, "torch", storage);
+	else
+		rs_pw_global(&w, "torch.storage", "UntypedStorage");
 	rs_pw_cstr(&w, "0");
 	rs_pw_cstr(&w, "cpu");
-	rs_pw_int(&w, (int64_t)numel);
+	rs_pw_int(&w, (int64_t)(storage ? numel : numel * rs_dtype_size(dtype)));
 	rs_pw_tuple_end(&w);
 	rs_pw_persid(&w);
 	rs_pw_int(&w, 0);
@@ -136,6 +127,8 @@ static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 	rs_pw_global(&w, "collections", "OrderedDict");
 	rs_pw_tuple_n(&w, 0);
 	rs_pw_reduce(&w);
+	if (!storage)
+		rs_pw_global(&w, "torch", rs_dtype_torch_name(dtype));
 	rs_pw_tuple_end(&w);
 	rs_pw_reduce(&w);
 	return rs_pw_finish(&w, out, len);
@@ -145,8 +138,9 @@ static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 static int append_chunk(builder *b, item *it)
 {
 	const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
+	rs_dtype dtype = b->l->targets[it->tensor].dtype;
 	static const char serial_id[] = "0000000000000000000000000000000000000000";
-	uint64_t bytes = rs_dtype_size(ten->dtype);
+	uint64_t bytes = rs_dtype_size(dtype);
 	uint32_t file = b->files[it->rank];
 	rs_zip_input in[7];
 	rs_zip_layout z = { 0 };
@@ -157,7 +151,7 @@ static int append_chunk(builder *b, item *it)
 
 	for (int i = 0; i < ten->ndim; i++)
 		bytes *= it->box.len[i];
-	err = tensor_pickle(ten->dtype, &it->box, &pkl, &pkl_len);
+	err = tensor_pickle(dtype, &it->box, &pkl, &pkl_len);
 	if (err)
 		return err;
 	/* Records in the order torch.save writes them. */
@@ -184,7 +178,8 @@ static int append_chunk(builder *b, item *it)
 		}
 		err = rs_plan_box(ten, &it->box, it->box.len, &plan);
 		if (!err)
-			err = rs_vtree_append_plan(b->t, file, &plan);
+			err = rs_vtree_append_plan(b->t, file, &plan,
+						   ten->dtype, dtype);
 	}
 	rs_zip_layout_free(&z);
 	return err;
@@ -240,21 +235,13 @@ next:
 
 static void pw_properties(rs_pwriter *w, rs_dtype dtype)
 {
-	static const char *const torch_names[] = {
-		[RS_DTYPE_BOOL] = "bool", [RS_DTYPE_U8] = "uint8",
-		[RS_DTYPE_I8] = "int8", [RS_DTYPE_I16] = "int16",
-		[RS_DTYPE_I32] = "int32", [RS_DTYPE_I64] = "int64",
-		[RS_DTYPE_F16] = "float16", [RS_DTYPE_BF16] = "bfloat16",
-		[RS_DTYPE_F32] = "float32", [RS_DTYPE_F64] = "float64",
-	};
-
 	/* TensorProperties pickles its state as (dtype, layout,
 	 * requires_grad, memory_format, pin_memory). */
 	rs_pw_global(w, dcp_meta, "TensorProperties");
 	rs_pw_tuple_n(w, 0);
 	rs_pw_newobj(w);
 	rs_pw_tuple_begin(w);
-	rs_pw_global(w, "torch", torch_names[dtype]);
+	rs_pw_global(w, "torch", rs_dtype_torch_name(dtype));
 	rs_pw_global(w, "torch.serialization", "_get_layout");
 	rs_pw_cstr(w, "torch.strided");
 	rs_pw_tuple_n(w, 1);
@@ -302,7 +289,7 @@ static int metadata_pickle(builder *b, uint8_t **out, size_t *len)
 		rs_pw_cstr(&w, ten->name);
 		pw_object_begin(&w, dcp_meta, "TensorStorageMetadata");
 		rs_pw_cstr(&w, "properties");
-		pw_properties(&w, ten->dtype);
+		pw_properties(&w, b->l->targets[it->tensor].dtype);
 		rs_pw_cstr(&w, "size");
 		pw_size(&w, b->l->targets[it->tensor].shape, ten->ndim);
 		rs_pw_cstr(&w, "chunks");
@@ -458,11 +445,6 @@ int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			it->offset = t->nodes[f0].size;
 			err = rs_object_append(ck, it->blob, true, t, f0,
 					       &it->length, d);
-		} else if (!storage_class(ck->catalog.tensors[it->tensor].dtype)) {
-			rs_diag_add(d, "%s: dtype %s has no torch storage type",
-				    ck->catalog.tensors[it->tensor].name,
-				    rs_dtype_name(ck->catalog.tensors[it->tensor].dtype));
-			err = -EINVAL;
 		} else {
 			err = append_chunk(&b, it);
 		}

@@ -247,9 +247,9 @@ char *rs_json_format_like(const char *old, size_t old_len, const uint64_t *v,
 	return b.buf;
 }
 
-int rs_json_replace_lists(const char *text, size_t len, const char **keys,
-			  const uint64_t *const *values, const int *counts,
-			  int n, char **out, size_t *out_len)
+int rs_json_replace_values(const char *text, size_t len, const char **keys,
+			   const char *const *values, int n, char **out,
+			   size_t *out_len)
 {
 	size_t start[8], end[8];
 	int order[8];
@@ -275,17 +275,12 @@ int rs_json_replace_lists(const char *text, size_t len, const char **keys,
 		}
 	for (int k = 0; k < n; k++) {
 		int i = order[k];
-		char *list = rs_json_format_like(text + start[i],
-						 end[i] - start[i], values[i],
-						 counts[i]);
 
-		if (!list || !put(&b, text + at, start[i] - at) ||
-		    !put(&b, list, strlen(list))) {
-			free(list);
+		if (!put(&b, text + at, start[i] - at) ||
+		    !put(&b, values[i], strlen(values[i]))) {
 			free(b.buf);
 			return -ENOMEM;
 		}
-		free(list);
 		at = end[i];
 	}
 	if (!put(&b, text + at, len - at)) {
@@ -295,4 +290,32 @@ int rs_json_replace_lists(const char *text, size_t len, const char **keys,
 	*out = b.buf;
 	*out_len = b.len;
 	return 0;
+}
+
+int rs_json_replace_lists(const char *text, size_t len, const char **keys,
+			  const uint64_t *const *values, const int *counts,
+			  int n, char **out, size_t *out_len)
+{
+	char *lists[8] = { 0 };
+	int err = 0;
+
+	if (n > 8)
+		return -EINVAL;
+	for (int i = 0; i < n && !err; i++) {
+		size_t start, end;
+
+		err = rs_json_value_span(text, len, keys[i], &start, &end);
+		if (!err && !(lists[i] = rs_json_format_like(text + start,
+							     end - start,
+							     values[i],
+							     counts[i])))
+			err = -ENOMEM;
+	}
+	if (!err)
+		err = rs_json_replace_values(text, len, keys,
+					     (const char *const *)lists, n,
+					     out, out_len);
+	for (int i = 0; i < n; i++)
+		free(lists[i]);
+	return err;
 }

@@ -44,4 +44,10 @@ int rs_json_replace_lists(const char *text, size_t len, const char **keys,
 			  const uint64_t *const *values, const int *counts,
 			  int n, char **out, size_t *out_len);
 
+/* The same with replacement texts given as they are (JSON already):
+ * values[i] replaces the value of keys[i]. */
+int rs_json_replace_values(const char *text, size_t len, const char **keys,
+			   const char *const *values, int n, char **out,
+			   size_t *out_len);
+
 #endif

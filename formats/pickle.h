@@ -198,12 +198,46 @@ void rs_pw_list_end(rs_pwriter *w);
 void rs_pw_dict_begin(rs_pwriter *w);
 void rs_pw_dict_end(rs_pwriter *w);
 
+/* Items added to the object on top (a REDUCE or NEWOBJ result: an
+ * OrderedDict, a list subclass): _begin pushes a MARK above it, then push
+ * the items (dicts: key, value, ...), then rs_pw_list_end (APPENDS) or
+ * rs_pw_dict_end (SETITEMS), which leave the object on top. */
+void rs_pw_appends_begin(rs_pwriter *w);
+void rs_pw_setitems_begin(rs_pwriter *w);
+
+/* An integer of any width: `len` bytes of little-endian two's
+ * complement, as LONG1 (len < 256) or LONG4. */
+void rs_pw_bigint(rs_pwriter *w, const uint8_t *le, size_t len);
+
 /* callable args -> REDUCE; cls args -> NEWOBJ; obj state -> BUILD (obj
  * stays); pid -> BINPERSID. */
 void rs_pw_reduce(rs_pwriter *w);
 void rs_pw_newobj(rs_pwriter *w);
 void rs_pw_build(rs_pwriter *w);
 void rs_pw_persid(rs_pwriter *w);
+
+/* ---- copying parsed values into a writer ----------------------------- */
+
+/* Limits of one rs_pw_value call.  A parsed value may share sub-values
+ * (the memo) and even contain itself, while the writer keeps no memo:
+ * every reference is written out again, so both the nesting and the
+ * number of values written are bounded. */
+#define RS_PW_COPY_MAX_DEPTH 100
+#define RS_PW_COPY_MAX_VALUES (1u << 20)
+
+/* Writes `v` (from rs_pickle_parse) as a pickle that unpickles to the
+ * same object: scalars, strings, bytes, containers, GLOBALs and the
+ * REDUCE/NEWOBJ objects built from them, with their APPENDS/SETITEMS
+ * items and BUILD state, in the order Python's pickler writes them.  A
+ * set is written as builtins.set([...]) (protocol 2 has no set opcode; a
+ * frozenset becomes a set).  Refused with -EINVAL and one line in err:
+ * a GLOBAL that `allow` (patterns as rs_pickle_limits.allow) does not
+ * allow, a persistent id (a tensor or storage), NEWOBJ_EX keyword
+ * arguments, nesting past RS_PW_COPY_MAX_DEPTH or more than
+ * RS_PW_COPY_MAX_VALUES values (-E2BIG).  Writer errors (-ENOMEM) are
+ * returned too. */
+int rs_pw_value(rs_pwriter *w, const rs_pvalue *v, const char *const *allow,
+		char *err, size_t errlen);
 
 /* Appends STOP and hands the buffer to the caller (free() it).  Returns
  * 0, or the first error: -EINVAL for unbalanced use, -ENOMEM, -E2BIG for a

@@ -2,7 +2,8 @@
  *
  * Only opcodes that torch's weights_only unpickler implements are emitted
  * (torch.load reads data.pkl with it by default since 2.6): BININT*,
- * LONG1, BINFLOAT, BINUNICODE, NONE, NEWTRUE/NEWFALSE, the TUPLE family,
+ * LONG1 (and LONG4 for integers of 256 bytes or more, as Python writes
+ * them), BINFLOAT, BINUNICODE, NONE, NEWTRUE/NEWFALSE, the TUPLE family,
  * EMPTY_LIST + APPENDS, EMPTY_DICT + SETITEMS, GLOBAL, REDUCE, NEWOBJ,
  * BUILD, BINPERSID.  Bytes are the exception: it has no BINBYTES, so under
  * protocol 2 they are written the way Python's pickler writes them.
@@ -20,7 +21,7 @@ enum {
 	EMPTY_DICT = '}', APPENDS = 'e', EMPTY_LIST = ']', TUPLE = 't',
 	EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80,
 	NEWOBJ = 0x81, TUPLE1 = 0x85, NEWTRUE = 0x88, NEWFALSE = 0x89,
-	LONG1 = 0x8a,
+	LONG1 = 0x8a, LONG4 = 0x8b,
 };
 
 /* What a MARK opened, kept in the low bits of w->marks[i]. */
@@ -337,6 +338,42 @@ void rs_pw_dict_end(rs_pwriter *w)
 		set_err(w, -EINVAL);
 	else
 		op(w, SETITEMS, n, 0);
+}
+
+/* A MARK over an object already on the stack, closed by the list or dict
+ * _end: the object is below the mark, where APPENDS/SETITEMS find it. */
+static void items_begin(rs_pwriter *w, int kind)
+{
+	if (!w->err && w->depth <= floor_(w)) {
+		set_err(w, -EINVAL);
+		return;
+	}
+	open_mark(w, kind);
+}
+
+void rs_pw_appends_begin(rs_pwriter *w)
+{
+	items_begin(w, M_LIST);
+}
+
+void rs_pw_setitems_begin(rs_pwriter *w)
+{
+	items_begin(w, M_DICT);
+}
+
+void rs_pw_bigint(rs_pwriter *w, const uint8_t *le, size_t len)
+{
+	if (len > UINT32_MAX) {
+		set_err(w, -E2BIG);
+		return;
+	}
+	if (len < 256) {
+		if (op(w, LONG1, 0, 1))
+			emit1(w, (uint8_t)len);
+	} else if (op(w, LONG4, 0, 1)) {
+		emit_le(w, len, 4);
+	}
+	emit(w, le, len);
 }
 
 void rs_pw_reduce(rs_pwriter *w)

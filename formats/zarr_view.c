@@ -57,8 +57,9 @@ static int view_stored(rs_vtree *t, const rs_checkpoint *ck,
 }
 
 /* A .zarray as zarr-python writes it: json.dumps(indent=4, sort_keys=True). */
-static char *zarray_text(const rs_tensor *ten, const uint64_t *shape,
-			 const uint64_t *chunk, size_t *len)
+static char *zarray_text(const rs_tensor *ten, rs_dtype dtype,
+			 const uint64_t *shape, const uint64_t *chunk,
+			 size_t *len)
 {
 	char lists[2][RS_MAX_DIMS * 30 + 16];
 	const uint64_t *v[2] = { chunk, shape };
@@ -84,40 +85,73 @@ static char *zarray_text(const rs_tensor *ten, const uint64_t *shape,
 		     "    \"dtype\": \"%s\",\n    \"fill_value\": null,\n"
 		     "    \"filters\": null,\n    \"order\": \"C\",\n"
 		     "    \"shape\": %s,\n    \"zarr_format\": 2\n}",
-		     lists[0], rs_dtype_zarr_name(ten->dtype), lists[1]);
+		     lists[0], rs_dtype_zarr_name(dtype), lists[1]);
 	if (n < 0)
 		return NULL;
 	*len = (size_t)n;
 	return out;
 }
 
-/* An array on the target grid: its .zarray (the stored text with new
- * "shape" and "chunks" when there is one, else written anew) and one
- * planned file per chunk. */
-static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
-			const rs_tensor *ten, const rs_zarr_array *arr,
-			const uint64_t *shape, const uint64_t *chunk,
-			struct timespec mtime, uint32_t dir, rs_diag *d)
+/* The stored .zarray text with the view's "shape", "chunks" and, for a
+ * dtype view, "dtype"; every other byte as stored. */
+static int rewrite_zarray(const rs_tensor *ten, const rs_zarr_array *arr,
+			  const rs_target *tg, char **text, size_t *len)
 {
 	const char *keys[2] = { "shape", "chunks" };
-	const uint64_t *values[2] = { shape, chunk };
+	const uint64_t *values[2] = { tg->shape, tg->chunk };
 	const int counts[2] = { ten->ndim, ten->ndim };
+	const char *dkey[1] = { "dtype" };
+	char quoted[32], *first;
+	const char *dval[1] = { quoted };
+	size_t first_len;
+	int err;
+
+	err = rs_json_replace_lists(arr->zarray_text, arr->zarray_len, keys,
+				    values, counts, 2, &first, &first_len);
+	if (err || tg->dtype == ten->dtype) {
+		*text = err ? NULL : first;
+		*len = first_len;
+		return err;
+	}
+	snprintf(quoted, sizeof(quoted), "\"%s\"", rs_dtype_zarr_name(tg->dtype));
+	err = rs_json_replace_values(first, first_len, dkey, dval, 1, text, len);
+	free(first);
+	return err;
+}
+
+/* An array on the target grid: its .zarray (the stored text rewritten
+ * when there is one, else written anew) and one planned file per chunk,
+ * converted to the view's dtype. */
+static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
+			const rs_tensor *ten, const rs_zarr_array *arr,
+			const rs_target *tg, struct timespec mtime,
+			uint32_t dir, rs_diag *d)
+{
+	const uint64_t *shape = tg->shape, *chunk = tg->chunk;
 	uint64_t count[RS_MAX_DIMS], idx[RS_MAX_DIMS] = { 0 }, bytes;
 	char *text = NULL;
 	size_t len;
 	uint32_t file;
 	int err;
 
+	unsigned esize = rs_dtype_size(ten->dtype) > rs_dtype_size(tg->dtype)
+				 ? rs_dtype_size(ten->dtype) : rs_dtype_size(tg->dtype);
+
 	if (!rs_product(chunk, ten->ndim, &bytes) ||
-	    !rs_mul_u64(bytes, rs_dtype_size(ten->dtype), &bytes)) {
+	    !rs_mul_u64(bytes, esize, &bytes)) {
 		rs_diag_add(d, "%s: target chunk size overflows", ten->name);
 		return -EINVAL;
 	}
+	if (!rs_dtype_zarr_name(tg->dtype)) {
+		rs_diag_add(d, "%s: dtype %s has no zarr spelling; choose -o format=torch_dist or -o dtype=",
+			    ten->name, rs_dtype_name(tg->dtype));
+		return -EINVAL;
+	}
 	if (arr)
-		err = rs_json_replace_lists(arr->zarray_text, arr->zarray_len,
-					    keys, values, counts, 2, &text, &len);
+		err = rewrite_zarray(ten, arr, tg, &text, &len);
 	else
-		err = (text = zarray_text(ten, shape, chunk, &len)) ? 0 : -ENOMEM;
+		err = (text = zarray_text(ten, tg->dtype, shape, chunk, &len))
+			? 0 : -ENOMEM;
 	if (err) {
 		rs_diag_add(d, "%s/%s/.zarray: cannot rewrite \"shape\"/\"chunks\"",
 			    ck->root_path, ten->name);
@@ -146,7 +180,8 @@ static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
 			return err;
 		err = rs_plan_box(ten, &box, chunk, &plan);
 		if (!err)
-			err = rs_vtree_append_plan(t, file, &plan);
+			err = rs_vtree_append_plan(t, file, &plan, ten->dtype,
+						   tg->dtype);
 		if (err)
 			return err;
 		if (!rs_grid_next(idx, count, ten->ndim))
@@ -181,8 +216,8 @@ static int view_catalog(rs_vtree *t, const rs_checkpoint *ck,
 		}
 		err = dir_at(t, 0, ten->name, ck->root_mtime, &dir);
 		if (!err)
-			err = view_planned(t, ck, ten, NULL, tg->shape, tg->chunk,
-					   ck->root_mtime, dir, d);
+			err = view_planned(t, ck, ten, NULL, tg, ck->root_mtime,
+					   dir, d);
 		if (err)
 			return err;
 	}
@@ -279,7 +314,7 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 
 			err = tg->changed
 				? view_planned(t, ck, &ck->catalog.tensors[arr->tensor],
-					       arr, tg->shape, tg->chunk,
+					       arr, tg,
 					       source_mtime(ck, arr->zarray_source),
 					       node[i], d)
 				: view_stored(t, ck, arr, node[i]);

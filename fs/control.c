@@ -10,12 +10,51 @@
 /* xattr values are limited to 64 KiB by the kernel. */
 #define XATTR_MAX (64u << 10)
 
+/* "executor_stats": what each backend built, and AUTO's current pick
+ * per kind of work.  Malloc'd. */
+static char *executor_json(rs_fs *fs)
+{
+	rs_executor_stats es;
+	char *out = NULL;
+
+	rs_executor_get_stats(fs->exec, &es);
+	for (char *c = es.cuda_status; *c; c++)
+		if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+			*c = '\'';   /* keep the JSON valid */
+	if (asprintf(&out,
+		     "{\n"
+		     "    \"cuda_built\": %s,\n"
+		     "    \"cuda_usable\": %s,\n"
+		     "    \"cuda_status\": \"%s\",\n"
+		     "    \"cpu\": {\"jobs\": %llu, \"bytes\": %llu, \"seconds\": %.6f},\n"
+		     "    \"cuda\": {\"jobs\": %llu, \"bytes\": %llu, \"seconds\": %.6f},\n"
+		     "    \"cuda_fallbacks\": %llu,\n"
+		     "    \"cuda_transfer\": {\"h2d_bytes\": %llu, \"h2d_seconds\": %.6f, \"d2h_bytes\": %llu, \"d2h_seconds\": %.6f},\n"
+		     "    \"choice\": {\"runs\": \"%s\", \"strided\": \"%s\", \"cast\": \"%s\"}\n"
+		     "  }",
+		     es.cuda_built ? "true" : "false",
+		     es.cuda_usable ? "true" : "false", es.cuda_status,
+		     (unsigned long long)es.cpu.jobs,
+		     (unsigned long long)es.cpu.bytes, es.cpu.ns / 1e9,
+		     (unsigned long long)es.cuda.jobs,
+		     (unsigned long long)es.cuda.bytes, es.cuda.ns / 1e9,
+		     (unsigned long long)es.cuda_fallbacks,
+		     (unsigned long long)es.h2d_bytes, es.h2d_ns / 1e9,
+		     (unsigned long long)es.d2h_bytes, es.d2h_ns / 1e9,
+		     es.choice[RS_WORK_RUNS], es.choice[RS_WORK_STRIDED],
+		     es.choice[RS_WORK_CAST]) < 0)
+		return NULL;
+	return out;
+}
+
 char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 {
 	rs_cache_stats cs;
-	char *out = NULL;
+	char *out = NULL, *exec = executor_json(fs);
 	int n;
 
+	if (!exec)
+		return NULL;
 	rs_cache_get_stats(fs->cache, &cs);
 	n = asprintf(&out,
 		     "{\n"
@@ -32,6 +71,8 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     "  \"cache_evictions\": %llu,\n"
 		     "  \"prefetch_blocks\": %llu,\n"
 		     "  \"executor\": \"%s\",\n"
+		     "  \"executor_stats\": %s,\n"
+		     "  \"dtype\": \"%s\",\n"
 		     "  \"format\": \"%s\",\n"
 		     "  \"view_format\": \"%s\",\n"
 		     "  \"source_tp\": %u,\n"
@@ -50,10 +91,13 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
-		     rs_executor_name(fs->exec), rs_format_name(fs->ck.format),
+		     rs_executor_name(fs->exec), exec,
+		     fs->layout.dtype ? rs_dtype_name(fs->layout.dtype) : "stored",
+		     rs_format_name(fs->ck.format),
 		     rs_format_name(fs->view_format),
 		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,
 		     fs->tree.count, rs_sources_count(fs->ck.sources));
+	free(exec);
 	if (n < 0)
 		return NULL;
 	*len = (size_t)n;

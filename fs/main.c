@@ -42,9 +42,15 @@ static void print_diag(const rs_diag *d)
 		fprintf(stderr, "reshardfs: ... and %zu more problems\n", n - shown);
 }
 
+static void log_executor(const char *line)
+{
+	rs_log(RS_LOG_ERROR, "%s", line);
+}
+
 /* Catalog, layout and tree; on failure prints why. */
 static int build(rs_fs *fs, const rs_options *o)
 {
+	rs_open_opts open_opts = { .params_file = o->params };
 	rs_rules *rules = NULL;
 	rs_diag *d = rs_diag_new();
 	int err = -ENOMEM;
@@ -53,7 +59,7 @@ static int build(rs_fs *fs, const rs_options *o)
 		goto out;
 	if (o->rules && (err = rs_rules_load_json(rules, o->rules, d)))
 		goto out;
-	err = rs_checkpoint_open(o->source, &fs->ck, d);
+	err = rs_checkpoint_open(o->source, &open_opts, &fs->ck, d);
 	if (err)
 		goto out;
 	err = rs_layout_resolve(&fs->ck.catalog, rules, &o->layout,
@@ -61,7 +67,7 @@ static int build(rs_fs *fs, const rs_options *o)
 	if (err)
 		goto out_ck;
 	fs->view_format = o->view_format ? (rs_format)o->view_format
-					 : fs->ck.format;
+					 : rs_format_default_view(fs->ck.format);
 	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
 				       &fs->tree, d);
 	if (err)
@@ -157,8 +163,8 @@ int main(int argc, char *argv[])
 		goto out_cmd;
 	}
 	if (o.show_version || cmd.show_version) {
-		printf("reshardfs version %s\nFUSE library version %s\n",
-		       RS_VERSION, fuse_pkgversion());
+		printf("reshardfs version %s\nFUSE library version %s\nexecutors: %s\n",
+		       RS_VERSION, fuse_pkgversion(), rs_executor_backends());
 		ret = 0;
 		goto out_cmd;
 	}
@@ -174,6 +180,14 @@ int main(int argc, char *argv[])
 
 	if (build(&fs, &o) != 0)
 		goto out_cmd;
+	d = rs_diag_new();
+	if (!d || rs_executor_probe(&o.exec, d) != 0) {
+		if (d)
+			print_diag(d);
+		else
+			fprintf(stderr, "reshardfs: out of memory\n");
+		goto out_fs;
+	}
 	if (rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
 		fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
@@ -202,12 +216,17 @@ int main(int argc, char *argv[])
 
 	/* Threads do not survive the fork in fuse_daemonize: start the
 	 * executor's pool only now. */
-	d = rs_diag_new();
-	if (!d || rs_executor_create(&fs.exec, RS_EXECUTOR_CPU, 0, d) != 0) {
+	o.exec.log = log_executor;
+	if (rs_executor_create(&fs.exec, &o.exec, d) != 0) {
 		rs_log(RS_LOG_ERROR, "cannot start the executor: %s",
 		       rs_diag_line(d, 0) ? rs_diag_line(d, 0) : "out of resources");
 		goto out_unmount;
 	}
+	if (o.exec.kind == RS_EXECUTOR_AUTO)
+		rs_log(RS_LOG_INFO, "executor=auto: CUDA %s%s",
+		       rs_executor_cuda_status(fs.exec),
+		       strcmp(rs_executor_cuda_status(fs.exec), "ready") == 0
+			       ? "" : "; blocks are built on the CPU");
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 

@@ -10,7 +10,7 @@
 
 #define OPT(t, p) { t, offsetof(rs_options, p), 1 }
 
-enum { KEY_HELP, KEY_VERSION };
+enum { KEY_HELP, KEY_VERSION, KEY_GPUS };
 
 static const struct fuse_opt rs_opt_spec[] = {
 	OPT("tp=%s", tp_s),
@@ -19,9 +19,15 @@ static const struct fuse_opt rs_opt_spec[] = {
 	OPT("vocab_size=%s", vocab_size_s),
 	OPT("vocab_divisor=%s", vocab_divisor_s),
 	OPT("rules=%s", rules),
+	OPT("params=%s", params),
+	OPT("vpp=%s", vpp_s),
 	OPT("cache_size=%s", cache_size_s),
 	OPT("cache_compress=%s", cache_compress_s),
 	OPT("format=%s", format_s),
+	OPT("dtype=%s", dtype_s),
+	OPT("executor=%s", executor_s),
+	FUSE_OPT_KEY("gpus=", KEY_GPUS),
+	OPT("gpu_mem=%s", gpu_mem_s),
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -35,19 +41,31 @@ void rs_options_help(void)
 	printf("reshardfs options:\n"
 	       "    -o tp=N                target tensor parallelism (default: the source's)\n"
 	       "    -o pp=N                target pipeline parallelism, checked against the\n"
-	       "                           layer count (changes no zarr names)\n"
+	       "                           layer count (renames layers only in per-rank\n"
+	       "                           megatron views)\n"
+	       "    -o vpp=N               virtual pipeline chunks per stage (megatron views)\n"
 	       "    -o src_tp=N            source tensor parallelism (default: inferred from\n"
 	       "                           the stored chunk grid)\n"
 	       "    -o vocab_size=N        unpadded vocabulary size; the view pads it to\n"
 	       "                           ceil(N/(vocab_divisor*tp))*vocab_divisor*tp rows\n"
 	       "    -o vocab_divisor=N     Megatron's make_vocab_size_divisible_by (default 128)\n"
 	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
+	       "    -o params=FILE         names and shapes of a metaseq checkpoint's flat\n"
+	       "                           params, for files without shard_metadata\n"
 	       "    -o cache_size=SIZE     block cache budget: bytes, or K/M/G/T (default 1G;\n"
 	       "                           at least 1M)\n"
-	       "    -o format=FMT          layout of the view: zarr or torch_dist\n"
-	       "                           (default: the source's own)\n"
+	       "    -o format=FMT          layout of the view: zarr, torch_dist, megatron\n"
+	       "                           (per-rank .pt) or safetensors (default: the\n"
+	       "                           source's own; safetensors for metaseq shards)\n"
 	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
 	       "                           none (default): keep every cached block raw\n"
+	       "    -o dtype=T             show floating-point tensors as bf16, f16 or f32\n"
+	       "                           (rounded to nearest even; default: as stored)\n"
+	       "    -o executor=E          who builds blocks: auto (default: the CPU, and a\n"
+	       "                           CUDA GPU for the work it measures faster at), cpu,\n"
+	       "                           or cuda (every block on the GPU; experimental)\n"
+	       "    -o gpus=LIST           CUDA devices to use, e.g. 0,1 (default: all)\n"
+	       "    -o gpu_mem=SIZE        device memory per GPU for staging (default 256M)\n"
 	       "\n");
 }
 
@@ -56,7 +74,25 @@ static int opt_proc(void *data, const char *arg, int key,
 {
 	rs_options *o = data;
 
+	/* fuse_opt splits -o at commas, so "gpus=0,1,3" arrives as "gpus=0",
+	 * "1", "3": bare numbers right after it continue the list. */
+	if (key == FUSE_OPT_KEY_OPT && o->in_gpus && *arg &&
+	    strspn(arg, "0123456789") == strlen(arg)) {
+		char *more;
+
+		if (asprintf(&more, "%s,%s", o->gpus_s, arg) < 0)
+			return -1;
+		free(o->gpus_s);
+		o->gpus_s = more;
+		return 0;
+	}
+	o->in_gpus = false;
 	switch (key) {
+	case KEY_GPUS:
+		free(o->gpus_s);
+		o->gpus_s = strdup(arg + strlen("gpus="));
+		o->in_gpus = true;
+		return o->gpus_s ? 0 : -1;
 	case FUSE_OPT_KEY_NONOPT:
 		if (!o->source) {
 			o->source = strdup(arg);
@@ -136,6 +172,80 @@ static int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
+/* "0,1,3": distinct device ordinals. */
+static int parse_gpus(const char *s, rs_executor_opts *e)
+{
+	char *copy = strdup(s), *save = NULL;
+	int err = copy ? 0 : -ENOMEM;
+
+	e->ngpus = 0;
+	for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && !err;
+	     tok = strtok_r(NULL, ",", &save)) {
+		uint64_t v;
+
+		if (parse_u64(tok, &v) || v > 255 || e->ngpus == RS_MAX_GPUS) {
+			err = -EINVAL;
+			break;
+		}
+		for (unsigned i = 0; i < e->ngpus; i++)
+			if (e->gpus[i] == (int)v)
+				err = -EINVAL;
+		e->gpus[e->ngpus++] = (int)v;
+	}
+	if (!err && e->ngpus == 0)
+		err = -EINVAL;
+	free(copy);
+	return err;
+}
+
+static int validate_exec(rs_options *o)
+{
+	rs_executor_opts *e = &o->exec;
+	uint64_t v;
+	int bad = 0;
+
+	if (o->dtype_s) {
+		o->layout.dtype = rs_dtype_from_option(o->dtype_s);
+		if (o->layout.dtype == RS_DTYPE_INVALID) {
+			fprintf(stderr, "reshardfs: -o dtype=%s: must be bf16, f16 or f32\n",
+				o->dtype_s);
+			bad = -1;
+		}
+	}
+	e->kind = RS_EXECUTOR_AUTO;
+	if (o->executor_s) {
+		if (strcmp(o->executor_s, "cpu") == 0) {
+			e->kind = RS_EXECUTOR_CPU;
+		} else if (strcmp(o->executor_s, "cuda") == 0) {
+			e->kind = RS_EXECUTOR_CUDA;
+		} else if (strcmp(o->executor_s, "auto") != 0) {
+			fprintf(stderr, "reshardfs: -o executor=%s: must be auto, cpu or cuda\n",
+				o->executor_s);
+			bad = -1;
+		}
+	}
+	if (o->gpus_s && parse_gpus(o->gpus_s, e)) {
+		fprintf(stderr, "reshardfs: -o gpus=%s: must be distinct device numbers (0-255), at most %d, separated by commas\n",
+			o->gpus_s, RS_MAX_GPUS);
+		bad = -1;
+	}
+	if (o->gpu_mem_s) {
+		if (parse_size(o->gpu_mem_s, &v) || v < (1u << 20)) {
+			fprintf(stderr, "reshardfs: -o gpu_mem=%s: must be a size of at least 1M (bytes, or with K, M, G, T)\n",
+				o->gpu_mem_s);
+			bad = -1;
+		} else {
+			e->gpu_mem = v;
+		}
+	}
+	if (e->kind == RS_EXECUTOR_CPU && (o->gpus_s || o->gpu_mem_s)) {
+		fprintf(stderr, "reshardfs: -o %s: needs executor=auto or executor=cuda, not cpu\n",
+			o->gpus_s ? "gpus" : "gpu_mem");
+		bad = -1;
+	}
+	return bad;
+}
+
 int rs_options_validate(rs_options *o)
 {
 	int bad = 0;
@@ -143,6 +253,7 @@ int rs_options_validate(rs_options *o)
 
 	bad |= parse_count("tp", o->tp_s, &o->layout.tp);
 	bad |= parse_count("pp", o->pp_s, &o->layout.pp);
+	bad |= parse_count("vpp", o->vpp_s, &o->layout.vpp);
 	bad |= parse_count("src_tp", o->src_tp_s, &o->layout.src_tp);
 	bad |= parse_count("vocab_divisor", o->vocab_divisor_s,
 			   &o->layout.vocab_divisor);
@@ -169,7 +280,7 @@ int rs_options_validate(rs_options *o)
 		rs_format f;
 
 		if (rs_format_parse(o->format_s, &f) != 0) {
-			fprintf(stderr, "reshardfs: -o format=%s: must be zarr or torch_dist\n",
+			fprintf(stderr, "reshardfs: -o format=%s: must be zarr, torch_dist, megatron or safetensors\n",
 				o->format_s);
 			bad = -1;
 		} else {
@@ -187,6 +298,7 @@ int rs_options_validate(rs_options *o)
 			bad = -1;
 		}
 	}
+	bad |= validate_exec(o);
 	return bad ? -1 : 0;
 }
 
@@ -194,6 +306,8 @@ void rs_options_free(rs_options *o)
 {
 	free(o->source);
 	free(o->rules);
+	free(o->params);
+	free(o->vpp_s);
 	free(o->tp_s);
 	free(o->pp_s);
 	free(o->src_tp_s);
@@ -202,5 +316,9 @@ void rs_options_free(rs_options *o)
 	free(o->cache_size_s);
 	free(o->cache_compress_s);
 	free(o->format_s);
+	free(o->executor_s);
+	free(o->dtype_s);
+	free(o->gpus_s);
+	free(o->gpu_mem_s);
 	memset(o, 0, sizeof(*o));
 }

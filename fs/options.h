@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gpu/executor.h"
 #include "planner/layout.h"
 
 #define RS_DEFAULT_CACHE_SIZE (1ull << 30)
@@ -17,14 +18,18 @@ typedef struct {
 	char *source;           /* first non-option argument */
 	rs_layout_opts layout;
 	char *rules;            /* -o rules=FILE */
+	char *params;           /* -o params=FILE */
 	uint64_t cache_size;
 	bool cache_compress;
 	int view_format;        /* rs_format; 0: the source's own */
+	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
 	bool show_help;
 	bool show_version;
 	/* raw option strings, validated by rs_options_validate */
 	char *tp_s, *pp_s, *src_tp_s, *vocab_size_s, *vocab_divisor_s;
 	char *cache_size_s, *cache_compress_s, *format_s;
+	char *executor_s, *dtype_s, *gpus_s, *gpu_mem_s, *vpp_s;
+	bool in_gpus;           /* parsing: the last option was gpus= */
 } rs_options;
 
 /* Parses and removes reshardfs's own options and SOURCE from args; the

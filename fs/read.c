@@ -246,6 +246,7 @@ typedef struct {
 
 typedef struct {
 	rs_fs *fs;
+	const rs_chunk *chunk;
 	const rs_plan *slice;
 	uint8_t *buf;
 	uint64_t len;
@@ -260,9 +261,26 @@ static int run_block(void *arg)
 	job.nops = g->slice->count;
 	job.dst = g->buf;
 	job.size = g->len;
-	job.zero_fill = g->slice->covered < g->len;
+	job.zero_fill = g->slice->covered < g->slice->size;
 	job.sources = g->fs->ck.sources;
+	job.from = g->chunk->from;
+	job.to = g->chunk->to;
 	return rs_executor_run(g->fs->exec, &job);
+}
+
+/* Where view bytes [begin, begin+len) of a chunk are in its plan, which
+ * is made in the stored dtype: the same range without a cast.  Blocks
+ * start at multiples of RS_BLOCK_SIZE, so they start on an element. */
+static void plan_range(const rs_chunk *c, uint64_t begin, uint64_t len,
+		       uint64_t *pbegin, uint64_t *pend)
+{
+	if (c->from == c->to) {
+		*pbegin = begin;
+		*pend = begin + len;
+		return;
+	}
+	*pbegin = begin / rs_dtype_size(c->to) * rs_dtype_size(c->from);
+	*pend = (begin + len) / rs_dtype_size(c->to) * rs_dtype_size(c->from);
 }
 
 /* Cache miss: plan the block's slice of the chunk and execute it, between
@@ -271,13 +289,14 @@ static int run_block(void *arg)
 static int build_block(void *arg, uint8_t *buf, uint64_t len)
 {
 	block_job *bj = arg;
-	block_gather g = { bj->fs, NULL, buf, len };
+	block_gather g = { bj->fs, bj->chunk, NULL, buf, len };
 	stamp_set set = { 0 };
+	uint64_t pbegin, pend;
 	rs_plan slice;
 	int err;
 
-	err = rs_plan_slice(&bj->chunk->plan, bj->begin, bj->begin + len,
-			    &slice);
+	plan_range(bj->chunk, bj->begin, len, &pbegin, &pend);
+	err = rs_plan_slice(&bj->chunk->plan, pbegin, pend, &slice);
 	if (err)
 		return err;
 	for (size_t i = 0; i < slice.count && !err; i++)
@@ -294,11 +313,11 @@ int rs_fs_get_block(rs_fs *fs, const rs_chunk *c, uint64_t index,
 		    rs_block **out)
 {
 	uint64_t begin = index * RS_BLOCK_SIZE;
-	uint64_t blen = c->plan.size - begin < RS_BLOCK_SIZE
-				? c->plan.size - begin : RS_BLOCK_SIZE;
+	uint64_t blen = c->size - begin < RS_BLOCK_SIZE
+				? c->size - begin : RS_BLOCK_SIZE;
 	block_job bj = { fs, c, begin };
 
-	if (begin >= c->plan.size)
+	if (begin >= c->size)
 		return -EINVAL;
 	return rs_cache_get(fs->cache, c->id, index, blen, build_block, &bj,
 			    out);

@@ -195,13 +195,32 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 	out->tp = opts->tp ? opts->tp : out->src_tp;
 	out->layers = stacked ? stacked : layers_from_names(c);
 	out->pp = opts->pp ? opts->pp : 1;
-	if (out->layers && (out->pp > out->layers || out->layers % out->pp)) {
+	out->vpp = opts->vpp ? opts->vpp : 1;
+	if (out->layers && out->vpp > 1 &&
+	    out->layers % ((uint64_t)out->pp * out->vpp)) {
+		rs_diag_add(d, "pp=%u vpp=%u: the checkpoint has %llu layers, which do not divide into %u x %u model chunks",
+			    out->pp, out->vpp, (unsigned long long)out->layers,
+			    out->pp, out->vpp);
+		err = -EINVAL;
+	} else if (out->layers && (out->pp > out->layers ||
+				   out->layers % out->pp)) {
 		rs_diag_add(d, "pp=%u: the checkpoint has %llu layers, which do not divide into %u pipeline stages",
 			    out->pp, (unsigned long long)out->layers, out->pp);
 		err = -EINVAL;
 	}
 	if (retarget(c, opts, out, d))
 		err = -EINVAL;
+	out->dtype = opts->dtype;
+	for (size_t i = 0; i < c->count; i++) {
+		rs_target *tg = &out->targets[i];
+
+		tg->dtype = c->tensors[i].dtype;
+		if (opts->dtype && rs_dtype_is_float(tg->dtype) &&
+		    tg->dtype != opts->dtype) {
+			tg->dtype = opts->dtype;
+			tg->changed = true;
+		}
+	}
 	if (err)
 		rs_layout_free(out);
 	return err;

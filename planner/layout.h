@@ -13,6 +13,8 @@
  *  - PP changes no names in dist checkpoints; it is validated against the
  *    layer count.
  *  - Every other axis keeps its stored chunking.
+ *  - dtype.  With opts.dtype set, every floating-point tensor is shown in
+ *    that type (converted on read); other tensors keep theirs.
  *
  * Any split that does not divide evenly, or any inconsistency, is reported
  * to the diag list naming the tensor, the axis and the sizes; the function
@@ -33,9 +35,13 @@
 typedef struct {
 	uint32_t tp;            /* 0: the source's own */
 	uint32_t pp;            /* 0: not given */
+	uint32_t vpp;           /* virtual pipeline chunks per stage; 0: 1
+				 * (legacy per-rank views only) */
 	uint32_t src_tp;        /* 0: infer from the stored grid */
 	uint64_t vocab_size;    /* 0: keep the stored padded size */
 	uint32_t vocab_divisor; /* 0: RS_DEFAULT_VOCAB_DIVISOR */
+	rs_dtype dtype;         /* floating-point tensors shown as this;
+				 * RS_DTYPE_INVALID: as stored */
 } rs_layout_opts;
 
 typedef struct {
@@ -46,14 +52,20 @@ typedef struct {
 	uint64_t shape[RS_MAX_DIMS];
 	uint64_t chunk[RS_MAX_DIMS];   /* the whole shape for an irregular
 					 * tensor (one chunk) */
-	bool changed;           /* shape or chunks differ from the stored */
+	rs_dtype dtype;         /* in the view: the stored one, or
+				 * rs_layout_opts.dtype for floating-point
+				 * tensors */
+	bool changed;           /* shape, chunks or dtype differ from the
+				 * stored */
 } rs_target;
 
 typedef struct {
 	uint32_t src_tp;
 	uint32_t tp;
 	uint32_t pp;
+	uint32_t vpp;           /* 1 unless given */
 	uint64_t layers;        /* 0 when no layer count was found */
+	rs_dtype dtype;         /* opts.dtype: INVALID when as stored */
 	rs_target *targets;     /* one per catalog tensor, same order */
 	size_t count;
 } rs_layout;

@@ -12,7 +12,7 @@ struct rs_rules {
 	size_t nuser;
 };
 
-/* Megatron-core GPT/Llama names (FORMATS.md §1).  Replicated tensors need no
+/* Megatron-core GPT/Llama names (FORMATS.md §1), then the other families.  Replicated tensors need no
  * rule to be served correctly, but listing them keeps them out of the
  * "no rule knows this array" log. */
 static const rs_rule builtin[] = {
@@ -32,6 +32,49 @@ static const rs_rule builtin[] = {
 	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1 },
 	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1 },
 	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1 },
+	/* Legacy Megatron-LM / NeMo per-rank names (FORMATS.md §5); a gated
+	 * dense_h_to_4h is [W; V], its multiplier 2 read from the grid. */
+	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attention.dense.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*self_attention.dense.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*mlp.dense_h_to_4h.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.dense_h_to_4h.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.dense_4h_to_h.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*mlp.dense_4h_to_h.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*word_embeddings_for_head.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*input_norm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*post_attention_norm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*input_layernorm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*post_attention_layernorm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*final_norm.*", RS_SPLIT_NONE, 0, -1 },
+	/* HF Llama-style names (safetensors): q/k/v/gate/up column, o/down
+	 * row, embed_tokens/lm_head vocab. */
+	{ "*self_attn.q_proj.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.q_proj.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.k_proj.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.k_proj.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.v_proj.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.v_proj.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*self_attn.o_proj.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*self_attn.o_proj.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*mlp.gate_proj.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.up_proj.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*mlp.down_proj.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1 },
+	{ "*norm.weight", RS_SPLIT_NONE, 0, -1 },
+	/* metaseq / OPT names (FORMATS.md §6): q/k/v and fc1 on dim 0,
+	 * out_proj and fc2 on dim 1. */
+	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*.fc1.weight", RS_SPLIT_AXIS, 0, -1 },
+	{ "*.fc1.bias", RS_SPLIT_AXIS, 0, -1 },
+	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1 },
+	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1 },
+	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1 },
+	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1 },
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 

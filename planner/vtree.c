@@ -257,8 +257,10 @@ int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
 	return append(t, file, seg);
 }
 
-int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out)
+int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, rs_dtype from, rs_dtype to,
+		       const rs_chunk **out)
 {
+	unsigned fs = rs_dtype_size(from), ts = rs_dtype_size(to);
 	rs_chunk *c;
 
 	int err = rs_array_reserve(&t->chunks, &t->cap_chunks,
@@ -271,25 +273,35 @@ int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out)
 		return -ENOMEM;
 	c->id = t->nchunks;
 	c->plan = *plan;
+	c->from = c->to = RS_DTYPE_INVALID;
+	c->size = plan->size;
+	if (from != to) {
+		/* The caller checked the cast; sizes divide exactly. */
+		c->from = from;
+		c->to = to;
+		c->size = plan->size / fs * ts;
+	}
 	rs_plan_init(plan);
 	t->chunks[t->nchunks++] = c;
 	*out = c;
 	return 0;
 }
 
-int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan)
+int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan,
+			 rs_dtype from, rs_dtype to)
 {
 	const rs_chunk *c;
 	uint64_t at = 0;
 	int err = 0;
 
-	if (!rs_plan_is_runs(plan) &&
-	    rs_plan_unroll_rows(plan, RS_VTREE_DIRECT_MIN_ROW,
-				RS_VTREE_DIRECT_MAX_RUNS) != 0) {
-		err = rs_vtree_add_chunk(t, plan, &c);
+	if (from != to ||
+	    (!rs_plan_is_runs(plan) &&
+	     rs_plan_unroll_rows(plan, RS_VTREE_DIRECT_MIN_ROW,
+				 RS_VTREE_DIRECT_MAX_RUNS) != 0)) {
+		err = rs_vtree_add_chunk(t, plan, from, to, &c);
 		if (err)
 			goto out;
-		return rs_vtree_append_tensor(t, file, c, 0, c->plan.size);
+		return rs_vtree_append_tensor(t, file, c, 0, c->size);
 	}
 	/* Runs are sorted by destination: gaps between them are zeros. */
 	for (size_t i = 0; i < plan->count && !err; i++) {

@@ -30,10 +30,16 @@ typedef enum {
 } rs_seg_kind;
 
 /* A box of a tensor that must be materialised: its plan covers the whole
- * destination (plan.size bytes).  `id` is unique within the tree. */
+ * destination.  With a cast (from != to) the plan is made in `from`, the
+ * stored dtype, and every element is converted to `to` as blocks are
+ * built (gpu/executor.h); `size` is the chunk's bytes in the view:
+ * plan.size / size(from) * size(to).  Without one, from = to = INVALID and
+ * size = plan.size.  `id` is unique within the tree. */
 typedef struct {
 	uint64_t id;
 	rs_plan plan;
+	rs_dtype from, to;
+	uint64_t size;
 } rs_chunk;
 
 typedef struct {
@@ -98,8 +104,10 @@ int rs_vtree_append_source(rs_vtree *t, uint32_t file, uint32_t source,
 int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,
 			   uint64_t offset, uint64_t len);
 
-/* Takes ownership of *plan (left empty) as a new chunk. */
-int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out);
+/* Takes ownership of *plan (left empty) as a new chunk, converted from
+ * `from` to `to` (pass the same dtype twice for none). */
+int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, rs_dtype from, rs_dtype to,
+		       const rs_chunk **out);
 
 /* Strided rows at least this long are served as SOURCE segments, one per
  * row (read straight into the reply, no cache block), up to this many rows
@@ -107,11 +115,14 @@ int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, const rs_chunk **out);
 #define RS_VTREE_DIRECT_MIN_ROW (64u << 10)
 #define RS_VTREE_DIRECT_MAX_RUNS 4096u
 
-/* Appends a whole plan's destination to a file: as SOURCE and ZERO
- * segments when it is a concatenation of source runs, or of strided rows
- * of at least RS_VTREE_DIRECT_MIN_ROW bytes (no cache block), else as one
- * TENSOR segment over a new chunk.  Takes ownership of *plan. */
-int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan);
+/* Appends a whole plan's destination to a file, its elements converted
+ * from `from` (the stored dtype) to `to` (the view's): without a cast, as
+ * SOURCE and ZERO segments when it is a concatenation of source runs, or
+ * of strided rows of at least RS_VTREE_DIRECT_MIN_ROW bytes (no cache
+ * block); otherwise, and always with a cast, as one TENSOR segment over a
+ * new chunk.  Takes ownership of *plan. */
+int rs_vtree_append_plan(rs_vtree *t, uint32_t file, rs_plan *plan,
+			 rs_dtype from, rs_dtype to);
 
 /* Index of the segment holding file byte `off` (off < size). */
 uint32_t rs_vtree_find_segment(const rs_vnode *n, uint64_t off);

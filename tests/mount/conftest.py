@@ -8,6 +8,8 @@
   ``fusermount3 -u``, then ``-u -z`` as a last resort, then terminate/kill.
 * ``failing_mount(src, opts)`` runs a mount that must fail and returns
   ``(returncode, stderr)``.
+* ``$RESHARDFS_EXTRA_OPTS`` (e.g. ``executor=cuda``) is added to every
+  mount that must succeed.
 * Tests that need the daemon (they use the ``reshardfs_bin`` fixture, which
   the others build on) are skipped with the reason when /dev/fuse,
   fusermount3 or the binary is missing.  Oracle-only tests always run.
@@ -45,6 +47,14 @@ make_checkpoint = sample_writer.make_checkpoint
 
 
 # ---------------------------------------------------------------- helpers
+
+def extra_mount_opts():
+    """Options added to every mount: ``$RESHARDFS_EXTRA_OPTS`` (comma
+    separated), e.g. ``executor=cuda`` to run the mount tests on a GPU
+    (scripts/gpu_check)."""
+    extra = os.environ.get("RESHARDFS_EXTRA_OPTS", "")
+    return [o for o in extra.split(",") if o]
+
 
 def daemon_path():
     return os.environ.get("RESHARDFS_BIN") or str(REPO / "build" / "reshardfs")
@@ -141,7 +151,7 @@ class Mount:
     def __init__(self, binary, src, mnt, opts, logdir, extra_args=()):
         self.src = Path(src)
         self.mnt = Path(mnt)
-        self.opts = list(opts)
+        self.opts = list(opts) + extra_mount_opts()
         self.log_path = Path(logdir) / f"reshardfs-{self.mnt.name}.log"
         self.cmd = [binary, "-f", *extra_args, str(src), str(mnt)]
         if self.opts:

@@ -1,5 +1,6 @@
 """Oracle for torch_dist sources: torch's own DCP reader loads every tensor
-of a checkpoint whole, and the arrays go to an .npz (raw bits for bf16).
+of a checkpoint whole, and the arrays go to an .npz (raw bits for bf16 and
+fp8).
 
     .venv-mcore/bin/python tests/mount/dcp_dump.py CKPT OUT.npz
 """
@@ -29,6 +30,8 @@ def main(src, out):
     for k, t in sd.items():
         if t.dtype == torch.bfloat16:
             t = t.view(torch.int16)
+        elif t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            t = t.view(torch.uint8)     # numpy has no fp8
         arrays[k] = t.numpy()
     np.savez(out, **arrays)
 

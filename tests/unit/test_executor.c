@@ -104,7 +104,11 @@ int main(void)
 		content[i] = (uint8_t)(i * 2654435761u >> 13);
 	CHECK(mkdtemp(dir) != NULL);
 	s = make_sources();
-	CHECK(rs_executor_create(&ex, RS_EXECUTOR_CPU, 2, NULL) == 0);
+	{
+		rs_executor_opts eo = { .kind = RS_EXECUTOR_CPU, .threads = 2 };
+
+		CHECK(rs_executor_create(&ex, &eo, NULL) == 0);
+	}
 	CHECK(strcmp(rs_executor_name(ex), "cpu") == 0);
 
 	for (int i = 0; i < 6; i++) {
