@@ -442,13 +442,14 @@ static int json_flat(ms_meta *m, size_t *cap, char *key, size_t plen,
 		int ndim = 0, err;
 
 		if (!json_dims(cJSON_GetArrayItem(shapes, i), shape, &ndim) ||
-		    (numels && !json_u64(cJSON_GetArrayItem(numels, i), &numel))) {
+		    (numels &&
+		     !json_u64(cJSON_GetArrayItem(numels, i), &numel))) {
 			rs_diag_add(d, "%s: %s: shape %d is not a list of at most %d non-negative integers (or its numel is not one)",
 				    path, f->key, i, RS_MAX_DIMS);
 			return -EINVAL;
 		}
-		err = flat_param(f, path, cJSON_IsString(name) ? name->valuestring
-							       : NULL,
+		err = flat_param(f, path,
+				 cJSON_IsString(name) ? name->valuestring : NULL,
 				 shape, ndim, numels != NULL, numel, d);
 		if (err)
 			return err;
@@ -472,7 +473,8 @@ static int json_map(ms_meta *m, const cJSON *root, const char *path,
 			return -EINVAL;
 		}
 		err = json_flat(m, &cap, strdup(it->string),
-				dot ? (size_t)(dot - it->string) : 0, it, path, d);
+				dot ? (size_t)(dot - it->string) : 0, it, path,
+				d);
 		if (err)
 			return err;
 	}
@@ -529,13 +531,16 @@ static int json_fairscale(ms_meta *m, const cJSON *root, const char *path,
 					     m->naliases + 1, sizeof(ms_alias)))
 				return -ENOMEM;
 			a = &m->aliases[m->naliases++];
-			a->src = join_name(fp->valuestring, plen, s->valuestring);
-			a->dst = join_name(fp->valuestring, plen, t->valuestring);
+			a->src = join_name(fp->valuestring, plen,
+					   s->valuestring);
+			a->dst = join_name(fp->valuestring, plen,
+					   t->valuestring);
 			if (!a->src || !a->dst)
 				return -ENOMEM;
 		}
 	}
-	m->buffers = calloc((size_t)cJSON_GetArraySize(bufs) + 1, sizeof(char *));
+	m->buffers = calloc((size_t)cJSON_GetArraySize(bufs) + 1,
+			    sizeof(char *));
 	if (!m->buffers)
 		return -ENOMEM;
 	cJSON_ArrayForEach(it, bufs) {

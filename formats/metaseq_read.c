@@ -230,8 +230,8 @@ static int read_tensor(const rs_zip *z, const rs_pvalue *v, const char *where,
 	if (v3 && untyped &&
 	    rs_pv_global_module(rs_pv_item(args, 6)) &&
 	    strcmp(rs_pv_global_module(rs_pv_item(args, 6)), "torch") == 0)
-		t->dtype = rs_dtype_from_torch(rs_pv_global_name(rs_pv_item(args, 6)),
-					       false);
+		t->dtype = rs_dtype_from_torch(
+			rs_pv_global_name(rs_pv_item(args, 6)), false);
 	else if (!v3 && rs_pv_global_module(st) &&
 		 strcmp(rs_pv_global_module(st), "torch") == 0)
 		t->dtype = rs_dtype_from_torch(rs_pv_global_name(st), true);
@@ -473,11 +473,12 @@ int rs_metaseq_read(rs_checkpoint *ck, const char *params_file, rs_diag *d)
 		err = load_file(ck, &files[i], d);
 	if (!err)
 		err = ms_stitch(ck, files, n, nparts, &params, d);
-	if (!err)
-		for (size_t i = 0; i < ck->nentries; i++)
-			if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
-			    is_shard_name(ck->entries[i].name))
-				ck->entries[i].hidden = true;
+	for (size_t i = 0; !err && i < ck->nentries; i++) {
+		rs_entry *e = &ck->entries[i];
+
+		if (e->parent < 0 && !e->is_dir && is_shard_name(e->name))
+			e->hidden = true;
+	}
 	free_files(files, n);
 	ms_meta_free(&params);
 	return err;

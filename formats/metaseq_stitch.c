@@ -30,7 +30,7 @@ static merge_how merge_rule(const char *name, int *dim)
 		return CONCAT;
 	if (strstr(name, "fc2") || strstr(name, "out_proj")) {
 		if (bias)
-			return TAKE_PART0;      /* row-parallel bias: replicated */
+			return TAKE_PART0;      /* row-parallel: replicated */
 		*dim = 1;
 		return CONCAT;
 	}
@@ -98,7 +98,8 @@ static int emit(ms_ctx *c, const char *name, const uint64_t *shape,
 	nfr = 0;
 	for (size_t i = 0; i < npcs; i++)
 		for (size_t f = 0; f < pcs[i].t->nfrags; f++)
-			nfr += place(&pcs[i], &pcs[i].t->frags[f], &t->frags[nfr]);
+			nfr += place(&pcs[i], &pcs[i].t->frags[f],
+				     &t->frags[nfr]);
 	/* Never made regular: a grid that FSDP's shard boundaries happen to
 	 * draw says nothing of the tensor's parallel layout, and the layout
 	 * would take it for one. */
@@ -266,7 +267,8 @@ static int peers(ms_ctx *c, const ms_part *parts, uint32_t nparts, size_t i,
 static int extra_names(ms_ctx *c, const ms_part *parts, uint32_t nparts)
 {
 	for (uint32_t p = 1; p < nparts; p++)
-		for (size_t i = 0; parts[p].n != parts[0].n && i < parts[p].n; i++)
+		for (size_t i = 0; parts[p].n != parts[0].n && i < parts[p].n;
+		     i++)
 			if (!ms_part_find(&parts[0], parts[p].t[i].name)) {
 				rs_diag_add(c->d, "%s/%s: has %s, which model part 0 has not",
 					    c->ck->root_path, parts[p].file->name,
@@ -335,7 +337,8 @@ static int unique_outputs(ms_ctx *c, size_t base)
 		ix[i] = base + i;
 	qsort_r(ix, n, sizeof(size_t), cmp_tname, cat->tensors);
 	for (size_t i = 1; i < n && !err; i++)
-		if (strcmp(cat->tensors[ix[i]].name, cat->tensors[ix[i - 1]].name) == 0) {
+		if (strcmp(cat->tensors[ix[i]].name,
+			   cat->tensors[ix[i - 1]].name) == 0) {
 			rs_diag_add(c->d, "%s: two tensors are named %s once the model parts are merged",
 				    c->ck->root_path, cat->tensors[ix[i]].name);
 			err = -EINVAL;
@@ -352,6 +355,7 @@ int ms_stitch(rs_checkpoint *ck, const ms_file *files, size_t n,
 	const ms_ptensor **pt = calloc(nparts, sizeof(*pt));
 	piece *pcs = calloc(3 * (size_t)nparts, sizeof(*pcs));
 	size_t base = ck->catalog.count;
+	const ms_meta *aliases;
 	int err = 0;
 
 	if (!parts || !pt || !pcs) {
@@ -374,8 +378,9 @@ int ms_stitch(rs_checkpoint *ck, const ms_file *files, size_t n,
 		if (!err)
 			err = merge_one(&c, parts, nparts, pt, pcs);
 	}
-	for (size_t a = 0; !err && parts[0].meta && a < parts[0].meta->naliases; a++)
-		err = add_alias(&c, base, &parts[0].meta->aliases[a]);
+	aliases = parts[0].meta;
+	for (size_t a = 0; !err && aliases && a < aliases->naliases; a++)
+		err = add_alias(&c, base, &aliases->aliases[a]);
 	if (!err)
 		err = unique_outputs(&c, base);
 out:

@@ -26,12 +26,13 @@ void ms_part_free(ms_part *p)
 }
 
 /* A new tensor of the part, named `name` (taken over). */
-static ms_ptensor *add_ptensor(ms_part *p, char *name, rs_dtype dtype, int ndim,
-			    const uint64_t *shape)
+static ms_ptensor *add_ptensor(ms_part *p, char *name, rs_dtype dtype,
+			       int ndim, const uint64_t *shape)
 {
 	ms_ptensor *t;
 
-	if (!name || rs_array_reserve(&p->t, &p->cap, p->n + 1, sizeof(ms_ptensor))) {
+	if (!name || rs_array_reserve(&p->t, &p->cap, p->n + 1,
+				      sizeof(ms_ptensor))) {
 		free(name);
 		return NULL;
 	}
@@ -161,7 +162,8 @@ static int data_lengths(ms_ctx *c, const ms_file *f, size_t nranks, size_t k,
 	if (held != fl->total || !ok) {
 		rs_diag_add(c->d, "%s: %s: numels add up to %llu but the shards hold %llu",
 			    c->where, fl->key, (unsigned long long)fl->total,
-			    (unsigned long long)(fl->has_padding ? held : stored));
+			    (unsigned long long)(fl->has_padding ? held
+								 : stored));
 		return -EINVAL;
 	}
 	return 0;
@@ -368,7 +370,7 @@ const ms_ptensor *ms_part_find(const ms_part *p, const char *name)
 }
 
 int ms_part_build(ms_ctx *c, ms_part *p, const ms_file *f, size_t nshards,
-		      const ms_meta *params)
+		  const ms_meta *params)
 {
 	const ms_meta *meta = f[0].meta.present ? &f[0].meta : NULL;
 	bool *used = NULL;
