@@ -206,8 +206,21 @@ static int plan_items(builder *b)
 
 		rs_grid_count(tg->shape, tg->chunk, ten->ndim, count);
 		for (int k = 0; k < ten->ndim; k++)
-			if (count[k] == 0)
-				goto next; /* empty: no chunk */
+			if (count[k] == 0) {
+				/* An empty tensor: torch saves one empty
+				 * chunk of the whole shape, owned by rank
+				 * 0; without it DCP's load reports the key
+				 * missing. */
+				item it = { .tensor = i };
+
+				it.box.ndim = ten->ndim;
+				memcpy(it.box.len, tg->shape,
+				       sizeof(uint64_t) * (size_t)ten->ndim);
+				err = add_item(b, it);
+				if (err)
+					return err;
+				goto next;
+			}
 		for (;;) {
 			item it = { .tensor = i, .index = n++ };
 

@@ -512,12 +512,12 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		if (err)
 			goto fail;
 	}
-	err = send_reply(req, &r);
-	if (err == 0) {
-		atomic_fetch_add_explicit(&fs->bytes_served, end - (uint64_t)off,
-					  memory_order_relaxed);
-		rs_sources_count_read(fs->ck.sources, r.source_bytes);
-	}
+	/* Counted before the reply goes out, so a reader that reads the
+	 * stats file right after its read sees it. */
+	atomic_fetch_add_explicit(&fs->bytes_served, end - (uint64_t)off,
+				  memory_order_relaxed);
+	rs_sources_count_read(fs->ck.sources, r.source_bytes);
+	send_reply(req, &r);
 	goto out;
 fail:
 	atomic_fetch_add_explicit(&fs->read_errors, 1, memory_order_relaxed);

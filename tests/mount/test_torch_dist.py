@@ -112,6 +112,18 @@ def test_plain_torch_dcp(plain_dcp, mount, tmp_path):
 
 # ------------------------------------------------------- torch_dist views
 
+def test_plain_torch_dcp_as_torch_dist(plain_dcp, mount, tmp_path):
+    """torch's own writer shown as torch_dist: torch's DCP reader loads every
+    tensor of the view, the empty one included, equal to the source."""
+    want = dcp_oracle(plain_dcp, tmp_path / "src")
+    m = mount(plain_dcp, ["format=torch_dist"])
+    got = dcp_oracle(m.mnt, tmp_path / "view")
+    assert sorted(got) == sorted(want) and "empty" in got
+    for key in want:
+        assert got[key].shape == want[key].shape, key
+        assert np.array_equal(got[key], want[key]), key
+
+
 def _meta_json(mnt):
     return json.loads((mnt / "metadata.json").read_text())["sharded_backend"]
 
