@@ -59,7 +59,10 @@
  * model_parallel_size, transformer_pipeline_model_parallel_size when
  * present) rewritten, 'checkpoint_version', 'iteration',
  * 'num_floating_point_operations_so_far' as stored, 'model' (or model0..
- * with vpp > 1)}.  Models nest as in the source, layers numbered per
+ * with vpp > 1)}.  Values are written back with rs_pw_value allowing only
+ * the GLOBALs args hold (the Namespace, torch dtypes, Megatron enums,
+ * PosixPath, SimpleNamespace, set): a source naming any other callable
+ * there is refused rather than handed to a weights_only=False loader.  Models nest as in the source, layers numbered per
  * chunk, embeddings in the first chunk, final norm and output layer in
  * the last, `word_embeddings_for_head` in the last chunk when weights are
  * tied and it is not also the first.  Each tensor record holds exactly the
@@ -140,6 +143,33 @@ typedef struct {
 	uint32_t *filled;       /* per catalog tensor: ranks that held it */
 	size_t cap_tensors, cap_filled;
 } rs_meg_reader;
+
+/* A tensor of a rank file: where its elements are and how laid out. */
+typedef struct {
+	rs_dtype dtype;
+	int ndim;
+	uint64_t size[RS_MAX_DIMS], stride[RS_MAX_DIMS];
+	uint64_t offset;        /* byte offset of element 0 in the file */
+} rs_meg_ttensor;
+
+/* megatron_pkl.c.  A torch.save tensor (_rebuild_tensor_v2/v3, perhaps in
+ * _rebuild_parameter); rs_meg_read_tensor locates it in zip `z`, its
+ * elements checked to lie in their data/<key> record, else -EINVAL and
+ * *why ("has ..." text for a message). */
+bool rs_meg_is_tensor(const rs_pvalue *v);
+int rs_meg_read_tensor(const rs_pvalue *v, const rs_zip *z,
+		       rs_meg_ttensor *out, const char **why);
+/* A dict, or an OrderedDict (*pairs its items: NULL when empty). */
+bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
+/* The first rank file's args (r->st->top set): fills st->args, layers,
+ * vpp, tied and r->lpc, r->gated; refuses (reported, -EINVAL) what the
+ * reader cannot map and checkpoint versions before 2.0.  st->tp and
+ * st->pp come from the directories and must match. */
+int rs_meg_read_args(rs_meg_reader *r, const char *path);
+/* Another rank file (its top-level dict): the same iteration, version
+ * and layout args as the first. */
+int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
+		      const char *path);
 
 /* Merges the model chunks of one rank file: `top` is its parsed data.pkl
  * (a dict), `z` its zip (tensor records), `src` its source index, `path`

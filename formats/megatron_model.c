@@ -16,13 +16,9 @@
 
 #include "planner/array.h"
 
-/* A tensor of a rank file: where its elements are and how laid out. */
-typedef struct {
-	rs_dtype dtype;
-	int ndim;
-	uint64_t size[RS_MAX_DIMS], stride[RS_MAX_DIMS];
-	uint64_t offset;        /* byte offset of element 0 in the file */
-} ttensor;
+/* Model dicts one file may hold.  A real rank file has a handful; the
+ * bound keeps the check below cheap. */
+#define RS_MEG_MAX_DICTS 4096
 
 /* The walk of one file's model chunk. */
 typedef struct {
@@ -35,144 +31,9 @@ typedef struct {
 	size_t next;            /* ranks > 0: the catalog index expected next */
 	size_t matched;         /* ranks > 0: tensors of the group found */
 	uint8_t *seen;          /* rank 0: layers of the chunk found */
+	const rs_pvalue *dicts[RS_MEG_MAX_DICTS];   /* dicts walked so far */
+	size_t ndicts;
 } walker;
-
-static bool get_u64(const rs_pvalue *v, uint64_t *out)
-{
-	int64_t i;
-
-	if (rs_pv_int(v, &i) != 0 || i < 0)
-		return false;
-	*out = (uint64_t)i;
-	return true;
-}
-
-/* torch.Size((...)) or a tuple of non-negative ints. */
-static bool get_dims(const rs_pvalue *v, uint64_t *out, int *n)
-{
-	if (rs_pv_call_is(v, "torch.Size"))
-		v = rs_pv_item(rs_pv_args(v), 0);
-	if (rs_pv_kind(v) != RS_PV_TUPLE || rs_pv_len(v) > RS_MAX_DIMS)
-		return false;
-	*n = (int)rs_pv_len(v);
-	for (int i = 0; i < *n; i++)
-		if (!get_u64(rs_pv_item(v, (size_t)i), &out[i]))
-			return false;
-	return true;
-}
-
-static const rs_pvalue *unwrap_parameter(const rs_pvalue *v)
-{
-	/* nn.Parameter: _rebuild_parameter(tensor, requires_grad, hooks). */
-	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
-	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
-		return rs_pv_item(rs_pv_args(v), 0);
-	return v;
-}
-
-static bool is_tensor(const rs_pvalue *v)
-{
-	v = unwrap_parameter(v);
-	return rs_pv_call_is(v, "torch._utils._rebuild_tensor_v2") ||
-	       rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
-}
-
-static rs_dtype torch_dtype(const rs_pvalue *g, bool storage)
-{
-	const char *mod = rs_pv_global_module(g);
-
-	if (!mod || strcmp(mod, "torch") != 0)
-		return RS_DTYPE_INVALID;
-	return rs_dtype_from_torch(rs_pv_global_name(g), storage);
-}
-
-/* _rebuild_tensor_v2(storage, storage_offset, size, stride, ...) over a
- * persistent id ('storage', torch.<X>Storage, key, location, numel), or v3
- * over an UntypedStorage with the dtype 7th: where the elements are in the
- * file, checked to lie inside the record data/<key>.  *why on failure. */
-static int read_tensor(const rs_pvalue *v, const rs_zip *z, ttensor *out,
-		       const char **why)
-{
-	const rs_pvalue *args, *pid;
-	const rs_zip_entry *rec;
-	uint64_t numel, soff, last, bytes, e;
-	bool v3, empty = false;
-	const char *key;
-	char name[80];
-	int n2 = 0;
-
-	v = unwrap_parameter(v);
-	args = rs_pv_args(v);
-	pid = rs_pv_persid(rs_pv_item(args, 0));
-	key = rs_pv_str(rs_pv_item(pid, 2), NULL);
-	v3 = rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
-	if (!rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
-	    !get_u64(rs_pv_item(pid, 4), &numel) ||
-	    !get_u64(rs_pv_item(args, 1), &soff) ||
-	    !get_dims(rs_pv_item(args, 2), out->size, &out->ndim) ||
-	    !get_dims(rs_pv_item(args, 3), out->stride, &n2) ||
-	    n2 != out->ndim) {
-		*why = "is not a torch tensor over a storage";
-		return -EINVAL;
-	}
-	if (rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage") ||
-	    rs_pv_global_is(rs_pv_item(pid, 1), "torch.storage.UntypedStorage")) {
-		out->dtype = v3 ? torch_dtype(rs_pv_item(args, 6), false)
-				: RS_DTYPE_INVALID;
-		e = rs_dtype_size(out->dtype);
-		if (e && numel % e) {
-			*why = "has a storage that is not a whole number of elements";
-			return -EINVAL;
-		}
-		numel = e ? numel / e : 0;
-	} else {
-		out->dtype = v3 ? RS_DTYPE_INVALID
-				: torch_dtype(rs_pv_item(pid, 1), true);
-		e = rs_dtype_size(out->dtype);
-	}
-	if (!e) {
-		*why = "has a dtype reshardfs does not know";
-		return -EINVAL;
-	}
-	/* The last element reached must be inside the storage and the storage
-	 * inside its record; an empty tensor reaches none. */
-	last = soff;
-	for (int i = 0; i < out->ndim; i++) {
-		uint64_t step;
-
-		if (out->size[i] == 0) {
-			empty = true;
-			break;
-		}
-		if (!rs_mul_u64(out->size[i] - 1, out->stride[i], &step) ||
-		    !rs_add_u64(last, step, &last))
-			last = UINT64_MAX;
-	}
-	snprintf(name, sizeof(name), "data/%s", key);
-	rec = strlen(key) < 60 ? rs_zip_find(z, name) : NULL;
-	if (!rec || !rs_mul_u64(numel, e, &bytes) || bytes > rec->size ||
-	    (!empty && last >= numel)) {
-		*why = "has elements outside its storage record";
-		return -EINVAL;
-	}
-	out->offset = rec->offset + (empty ? 0 : soff * e);
-	return 0;
-}
-
-/* The DICT of a dict-like value (a dict, or OrderedDict(): its SETITEMS
- * items), an empty one reading as found with no pairs. */
-static bool dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
-{
-	if (rs_pv_kind(v) == RS_PV_DICT) {
-		*pairs = v;
-		return true;
-	}
-	if (rs_pv_call_is(v, "collections.OrderedDict")) {
-		*pairs = rs_pv_dictitems(v);   /* NULL: empty */
-		return true;
-	}
-	return false;
-}
 
 /* "layers.<n>.<rest>": n, and where rest starts. */
 static bool layer_key(const char *k, uint64_t *n, const char **rest)
@@ -213,7 +74,7 @@ static int flat_name(const walker *w, int lk, uint64_t layer,
 	return 0;
 }
 
-static void frag_set(rs_fragment *f, const ttensor *tt, uint32_t src,
+static void frag_set(rs_fragment *f, const rs_meg_ttensor *tt, uint32_t src,
 		     const uint64_t *off, const uint64_t *len, uint64_t offset)
 {
 	f->box.ndim = tt->ndim;
@@ -225,7 +86,7 @@ static void frag_set(rs_fragment *f, const ttensor *tt, uint32_t src,
 }
 
 /* Rank t's fragment(s) of tensor `ten` (split along `axis`, or -1). */
-static int place_rank(walker *w, rs_tensor *ten, int axis, const ttensor *tt)
+static int place_rank(walker *w, rs_tensor *ten, int axis, const rs_meg_ttensor *tt)
 {
 	uint32_t T = w->r->st->tp, t = w->t;
 	uint64_t off[RS_MAX_DIMS] = { 0 }, len[RS_MAX_DIMS];
@@ -274,7 +135,7 @@ static bool is_gated_name(const char *name)
 /* Split axis of a catalog name (-1: replicated) by the built-in rules;
  * -EINVAL (reported) when the rule does not fit or no rule knows a tensor
  * that T > 1 ranks each hold a copy of. */
-static int split_axis(walker *w, const char *name, const ttensor *tt,
+static int split_axis(walker *w, const char *name, const rs_meg_ttensor *tt,
 		      int *axis)
 {
 	int layer_axes = 0;
@@ -333,7 +194,7 @@ static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
 }
 
 /* Rank 0 of a stage: a new catalog tensor. */
-static int create(walker *w, const char *name, const ttensor *tt, int lk,
+static int create(walker *w, const char *name, const rs_meg_ttensor *tt, int lk,
 		  uint64_t layer, const char *rest, rs_meg_place place)
 {
 	rs_meg_reader *r = w->r;
@@ -375,9 +236,8 @@ static int create(walker *w, const char *name, const ttensor *tt, int lk,
 	return err;
 }
 
-
 /* Ranks > 0: the tensor must be rank 0's, dtype and shape alike. */
-static int match(walker *w, const char *name, const ttensor *tt)
+static int match(walker *w, const char *name, const rs_meg_ttensor *tt)
 {
 	rs_meg_reader *r = w->r;
 	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
@@ -419,7 +279,7 @@ static int match(walker *w, const char *name, const ttensor *tt)
 }
 
 /* word_embeddings_for_head: the last stage's copy of tied embeddings. */
-static int check_head(walker *w, const ttensor *tt)
+static int check_head(walker *w, const rs_meg_ttensor *tt)
 {
 	rs_meg_reader *r = w->r;
 	const rs_tensor *we = r->st->word_emb >= 0
@@ -445,7 +305,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 	rs_meg_place place = RS_MEG_LAST;
 	bool first = w->p == 0 && w->c == 0;
 	bool last = w->p == P - 1 && w->c == V - 1;
-	ttensor tt;
+	rs_meg_ttensor tt;
 	int lk = -1;
 
 	for (int i = 0; i < w->nkeys && lk < 0; i++)
@@ -470,7 +330,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 			    w->path, sizeof(name) - 1);
 		return -EINVAL;
 	}
-	if (read_tensor(v, w->z, &tt, &why)) {
+	if (rs_meg_read_tensor(v, w->z, &tt, &why)) {
 		rs_diag_add(r->d, "%s: %s %s", w->path, name, why);
 		return -EINVAL;
 	}
@@ -489,13 +349,37 @@ static int leaf(walker *w, const rs_pvalue *v)
 	return create(w, name, &tt, lk, layer, rest, place);
 }
 
+/* The pickle memo lets one dict appear under many keys (and inside
+ * itself): walked once per reference, a few hundred bytes could name
+ * billions of tensors.  Megatron never shares a model dict, so a dict met
+ * twice is refused. */
+static int enter(walker *w, const rs_pvalue *pairs)
+{
+	for (size_t i = 0; i < w->ndicts; i++)
+		if (w->dicts[i] == pairs) {
+			rs_diag_add(w->r->d, "%s: a model dict appears twice",
+				    w->path);
+			return -EINVAL;
+		}
+	if (w->ndicts == RS_MEG_MAX_DICTS) {
+		rs_diag_add(w->r->d, "%s: more than %d model dicts", w->path,
+			    RS_MEG_MAX_DICTS);
+		return -EINVAL;
+	}
+	w->dicts[w->ndicts++] = pairs;
+	return 0;
+}
+
 static int walk(walker *w, const rs_pvalue *pairs)
 {
+	int err = pairs ? enter(w, pairs) : 0;
+
+	if (err)
+		return err;
 	for (size_t i = 0; i < rs_pv_len(pairs); i++) {
 		const rs_pvalue *v = rs_pv_val(pairs, i), *sub;
 		size_t len;
 		const char *k = rs_pv_str(rs_pv_key(pairs, i), &len);
-		int err;
 
 		if (!k || !len || strlen(k) != len || strchr(k, '/')) {
 			rs_diag_add(w->r->d, "%s: a model dict key is not a plain string",
@@ -508,9 +392,9 @@ static int walk(walker *w, const rs_pvalue *pairs)
 			return -EINVAL;
 		}
 		w->keys[w->nkeys++] = k;
-		if (is_tensor(v))
+		if (rs_meg_is_tensor(v))
 			err = leaf(w, v);
-		else if (dict_like(v, &sub))
+		else if (rs_meg_dict_like(v, &sub))
 			err = walk(w, sub);
 		else {
 			rs_diag_add(w->r->d, "%s: model entry %s is neither a tensor nor a dict",
@@ -551,12 +435,16 @@ static int check_group(walker *w)
 int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 		    uint32_t p, uint32_t t, uint32_t src, const char *path)
 {
-	walker w = { .r = r, .z = z, .p = p, .t = t, .src = src, .path = path };
-	int err = 0;
+	walker *w = calloc(1, sizeof(*w));
+	int err = -ENOMEM;
 
-	w.seen = calloc(r->lpc ? r->lpc : 1, 1);
-	if (!w.seen)
-		return -ENOMEM;
+	if (!w)
+		return err;
+	*w = (walker){ .r = r, .z = z, .p = p, .t = t, .src = src, .path = path };
+	w->seen = calloc(r->lpc ? r->lpc : 1, 1);
+	if (!w->seen)
+		goto out;
+	err = 0;
 	for (uint32_t c = 0; c < r->st->vpp && !err; c++) {
 		size_t g = 2 * ((size_t)p * r->st->vpp + c);
 		const rs_pvalue *model, *pairs;
@@ -567,24 +455,26 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 		else
 			snprintf(key, sizeof(key), "model%u", c);
 		model = rs_pv_get(top, key);
-		if (!dict_like(model, &pairs)) {
+		if (!rs_meg_dict_like(model, &pairs)) {
 			rs_diag_add(r->d, "%s: no '%s' dict (args say %u virtual pipeline stage%s)",
 				    path, key, r->st->vpp, r->st->vpp > 1 ? "s" : "");
 			err = -EINVAL;
 			break;
 		}
-		w.c = c;
-		w.matched = 0;
-		memset(w.seen, 0, r->lpc ? r->lpc : 1);
+		w->c = c;
+		w->matched = 0;
+		memset(w->seen, 0, r->lpc ? r->lpc : 1);
 		if (t == 0)
 			r->group[g] = r->ck->catalog.count;
-		w.next = r->group[g];
-		err = walk(&w, pairs);
+		w->next = r->group[g];
+		err = walk(w, pairs);
 		if (t == 0)
 			r->group[g + 1] = r->ck->catalog.count;
 		if (!err)
-			err = check_group(&w);
+			err = check_group(w);
 	}
-	free(w.seen);
+out:
+	free(w->seen);
+	free(w);
 	return err;
 }

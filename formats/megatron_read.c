@@ -21,8 +21,7 @@
 /* data.pkl holds the structure of model, optimizer and rng state (a few
  * hundred bytes a tensor); anything near this is not a checkpoint. */
 #define RS_MEGATRON_PKL_MAX (256u << 20)
-/* Far beyond real models; bounds what args may make us allocate. */
-#define RS_MEGATRON_MAX_LAYERS (1u << 16)
+/* Far beyond real layouts; bounds the rank table. */
 #define RS_MEGATRON_MAX_RANKS (1u << 16)
 
 const char *const rs_megatron_allow[] = {
@@ -76,9 +75,8 @@ void rs_meg_state_free(void *state)
 
 /* One rank directory of the iteration. */
 typedef struct {
-	long dir;               /* its entry */
+	long dir;               /* its entry (+1 while being filled in) */
 	uint32_t src;           /* model_optim_rng.pt */
-	bool found;
 } rank_dir;
 
 typedef struct {
@@ -176,6 +174,7 @@ static int find_ranks(finder *f)
 	rs_checkpoint *ck = f->ck;
 	uint32_t T = 0, P = 0;
 	int suffixed = -1, err = 0;
+	long *file_of;
 
 	for (size_t i = 0; i < ck->nentries; i++) {
 		const rs_entry *e = &ck->entries[i];
@@ -224,8 +223,18 @@ static int find_ranks(finder *f)
 	f->st->tp = T;
 	f->st->pp = P;
 	f->ranks = calloc((size_t)T * P, sizeof(rank_dir));
-	if (!f->ranks)
+	file_of = malloc((ck->nentries + 1) * sizeof(*file_of));
+	if (!f->ranks || !file_of) {
+		free(file_of);
 		return -ENOMEM;
+	}
+	/* Each rank directory's model_optim_rng.pt, in one pass. */
+	for (size_t i = 0; i < ck->nentries; i++)
+		file_of[i] = -1;
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent >= 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, RANK_FILE) == 0)
+			file_of[ck->entries[i].parent] = (long)i;
 	for (size_t i = 0; i < ck->nentries; i++) {
 		const rs_entry *e = &ck->entries[i];
 		uint32_t t, p = 0;
@@ -241,6 +250,7 @@ static int find_ranks(finder *f)
 		if (rd->dir) {
 			rs_diag_add(f->d, "%s: %s and %s are the same rank", f->iter_path,
 				    ck->entries[rd->dir - 1].name, e->name);
+			free(file_of);
 			return -EINVAL;
 		}
 		rd->dir = (long)i + 1;
@@ -262,7 +272,7 @@ static int find_ranks(finder *f)
 				continue;
 			}
 			rd->dir--;
-			file = child(ck, rd->dir, RANK_FILE, false);
+			file = file_of[rd->dir];
 			if (file < 0) {
 				rs_diag_add(f->d, "%s/%s/%s: missing", f->iter_path,
 					    ck->entries[rd->dir].name, RANK_FILE);
@@ -270,8 +280,8 @@ static int find_ranks(finder *f)
 				continue;
 			}
 			rd->src = ck->entries[file].source;
-			rd->found = true;
 		}
+	free(file_of);
 	return err;
 }
 
@@ -309,187 +319,6 @@ out:
 	free(rank_tree);
 	free(iter_tree);
 	return err;
-}
-
-static const rs_pvalue *arg(const rs_meg_state *st, const char *name)
-{
-	return rs_pv_get(rs_pv_state(st->args), name);
-}
-
-/* A set value: not absent, None, False or 0. */
-static bool arg_set(const rs_meg_state *st, const char *name)
-{
-	const rs_pvalue *v = arg(st, name);
-	int64_t i;
-	bool b;
-
-	if (!v || rs_pv_kind(v) == RS_PV_NONE)
-		return false;
-	if (rs_pv_bool(v, &b) == 0)
-		return b;
-	if (rs_pv_int(v, &i) == 0)
-		return i != 0;
-	return true;
-}
-
-/* An int arg: 0 absent (or None), 1 read, -1 not a non-negative int. */
-static int arg_u64(const rs_meg_state *st, const char *name, uint64_t *out)
-{
-	const rs_pvalue *v = arg(st, name);
-	int64_t i;
-
-	if (!v || rs_pv_kind(v) == RS_PV_NONE)
-		return 0;
-	if (rs_pv_int(v, &i) != 0 || i < 0)
-		return -1;
-	*out = (uint64_t)i;
-	return 1;
-}
-
-/* The args of the first rank file decide the layout the model walk
- * checks; what this reader cannot map is refused here. */
-static int read_args(finder *f, rs_meg_reader *r, const char *path)
-{
-	static const char *const uneven[] = {
-		"standalone_embedding_stage", "decoder_first_pipeline_num_layers",
-		"decoder_last_pipeline_num_layers",
-		"num_layers_in_first_pipeline_stage",
-		"num_layers_in_last_pipeline_stage",
-		"account_for_embedding_in_pipeline_split",
-		"account_for_loss_in_pipeline_split",
-		"pipeline_model_parallel_layout",
-	};
-	rs_meg_state *st = f->st;
-	uint64_t v, layers = 0;
-	const char *name = NULL;
-	int got;
-
-	st->args = rs_pv_get(st->top, "args");
-	if (!(rs_pv_call_is(st->args, "argparse.Namespace")) ||
-	    rs_pv_kind(rs_pv_state(st->args)) != RS_PV_DICT) {
-		rs_diag_add(f->d, "%s: 'args' is not an argparse.Namespace", path);
-		return -EINVAL;
-	}
-	for (size_t i = 0; i < sizeof(uneven) / sizeof(uneven[0]); i++)
-		if (arg_set(st, uneven[i])) {
-			rs_diag_add(f->d, "%s: args.%s is set: uneven pipeline stages are not supported",
-				    path, uneven[i]);
-			return -EINVAL;
-		}
-	if (arg_u64(st, "expert_model_parallel_size", &v) > 0 && v > 1) {
-		rs_diag_add(f->d, "%s: args.expert_model_parallel_size is %llu: expert parallelism is not supported",
-			    path, (unsigned long long)v);
-		return -EINVAL;
-	}
-	if (arg_u64(st, "num_layers", &layers) <= 0 || !layers ||
-	    layers > RS_MEGATRON_MAX_LAYERS) {
-		rs_diag_add(f->d, "%s: args.num_layers is not a layer count from 1 to %u",
-			    path, RS_MEGATRON_MAX_LAYERS);
-		return -EINVAL;
-	}
-	st->layers = layers;
-	got = arg_u64(st, "tensor_model_parallel_size", &v);
-	if (!got) {
-		got = arg_u64(st, "model_parallel_size", &v);
-		name = "model_parallel_size";
-	}
-	if (got && (got < 0 || v != st->tp)) {
-		rs_diag_add(f->d, "%s: args.%s is not %u, the number of TP rank directories",
-			    path, name ? name : "tensor_model_parallel_size", st->tp);
-		return -EINVAL;
-	}
-	got = arg_u64(st, "pipeline_model_parallel_size", &v);
-	if (got && (got < 0 || v != st->pp)) {
-		rs_diag_add(f->d, "%s: args.pipeline_model_parallel_size is not %u, the number of pipeline rank directories",
-			    path, st->pp);
-		return -EINVAL;
-	}
-	st->vpp = 1;
-	got = arg_u64(st, "virtual_pipeline_model_parallel_size", &v);
-	if (got < 0 || (got && (v == 0 || v > RS_MEGATRON_MAX_LAYERS))) {
-		rs_diag_add(f->d, "%s: args.virtual_pipeline_model_parallel_size is not a positive count",
-			    path);
-		return -EINVAL;
-	}
-	if (got)
-		st->vpp = (uint32_t)v;
-	if (layers % ((uint64_t)st->pp * st->vpp)) {
-		rs_diag_add(f->d, "%s: args.num_layers %llu does not divide into %u pipeline stages x %u virtual stages",
-			    path, (unsigned long long)layers, st->pp, st->vpp);
-		return -EINVAL;
-	}
-	r->lpc = layers / ((uint64_t)st->pp * st->vpp);
-	r->gated = arg_set(st, "swiglu");
-	st->tied = !arg_set(st, "untie_embeddings_and_output_weights");
-	return 0;
-}
-
-/* Two scalar values alike (absent counts as a value). */
-static bool same(const rs_pvalue *a, const rs_pvalue *b)
-{
-	double x, y;
-	int64_t i, j;
-	bool p, q;
-
-	if (rs_pv_kind(a) != rs_pv_kind(b))
-		return false;
-	if (!a)
-		return true;   /* absent from both */
-	switch (rs_pv_kind(a)) {
-	case RS_PV_NONE:
-		return true;
-	case RS_PV_INT:
-		return !rs_pv_int(a, &i) && !rs_pv_int(b, &j) && i == j;
-	case RS_PV_FLOAT:
-		return !rs_pv_float(a, &x) && !rs_pv_float(b, &y) && x == y;
-	case RS_PV_BOOL:
-		return !rs_pv_bool(a, &p) && !rs_pv_bool(b, &q) && p == q;
-	case RS_PV_STR:
-		return rs_pv_str_is(b, rs_pv_str(a, NULL));
-	default:
-		return false;
-	}
-}
-
-/* Every rank file must be of the same save as the first. */
-static int check_same(finder *f, const rs_pvalue *top, const char *path)
-{
-	static const char *const fields[] = {
-		"num_layers", "hidden_size", "tensor_model_parallel_size",
-		"pipeline_model_parallel_size",
-		"virtual_pipeline_model_parallel_size", "padded_vocab_size",
-		"swiglu", "untie_embeddings_and_output_weights",
-	};
-	const rs_pvalue *args = rs_pv_state(rs_pv_get(top, "args"));
-
-	if (!same(rs_pv_get(top, "iteration"), rs_pv_get(f->st->top, "iteration")) ||
-	    !same(rs_pv_get(top, "checkpoint_version"),
-		  rs_pv_get(f->st->top, "checkpoint_version"))) {
-		rs_diag_add(f->d, "%s: iteration or checkpoint_version differs from TP rank 0, stage 0's",
-			    path);
-		return -EINVAL;
-	}
-	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-		if (!same(rs_pv_get(args, fields[i]), arg(f->st, fields[i]))) {
-			rs_diag_add(f->d, "%s: args.%s differs from TP rank 0, stage 0's",
-				    path, fields[i]);
-			return -EINVAL;
-		}
-	return 0;
-}
-
-/* The version decides how query_key_value rows are ordered. */
-static int check_version(finder *f, const char *path)
-{
-	double v = 0;
-	const rs_pvalue *cv = rs_pv_get(f->st->top, "checkpoint_version");
-
-	if ((cv && rs_pv_float(cv, &v) != 0) || v < 2.0) {
-		rs_diag_add(f->d, "%s: checkpoint_version %g: before 2.0 query_key_value rows are ordered per rank; not supported",
-			    path, v);
-		return -EINVAL;
-	}
-	return 0;
 }
 
 /* Parses one rank file's zip and data.pkl. */
@@ -556,16 +385,14 @@ static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 		f->st->pk = pk;
 		f->st->top = top;
 		pk = NULL;
-		err = read_args(f, r, path);
-		if (!err)
-			err = check_version(f, path);
+		err = rs_meg_read_args(r, path);
 		if (!err) {
 			r->group = calloc(2 * (size_t)f->st->pp * f->st->vpp,
 					  sizeof(size_t));
 			err = r->group ? 0 : -ENOMEM;
 		}
 	} else {
-		err = check_same(f, top, path);
+		err = rs_meg_check_same(r, top, path);
 	}
 	if (!err)
 		err = rs_meg_add_rank(r, &z, top, p, t, src, path);

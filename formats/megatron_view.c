@@ -16,6 +16,23 @@
 
 #include "planner/array.h"
 
+/* GLOBALs the view writes back from the source (args and the scalars
+ * beside it): what real args hold, narrower than what the reader parses.
+ * The source's pickle may name any torch.* function; a view must not pass
+ * one on to a loader that unpickles with weights_only=False. */
+static const char *const copy_allow[] = {
+	"argparse.Namespace", "types.SimpleNamespace", "pathlib.PosixPath",
+	"_codecs.encode", "builtins.set", "builtins.frozenset",
+	"collections.OrderedDict",
+	"torch.bool", "torch.uint8", "torch.int8", "torch.int16",
+	"torch.int32", "torch.int64", "torch.float16", "torch.bfloat16",
+	"torch.float32", "torch.float64", "torch.float8_e4m3fn",
+	"torch.float8_e5m2",
+	"megatron.core.enums.*", "megatron.core.transformer.enums.*",
+	"megatron.legacy.model.enums.*", "megatron.model.enums.*",
+	NULL,
+};
+
 /* One tensor of a rank file. */
 typedef struct {
 	size_t tensor;          /* catalog index */
@@ -104,32 +121,57 @@ static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 	return 0;
 }
 
-/* The tensors of rank file (p, r): per model chunk, those of its place. */
+/* Layer tensors sort by (layer, catalog index): the catalog of a source
+ * with virtual stages is in source-chunk order, not layer order. */
+typedef struct {
+	uint64_t layer;
+	size_t index;
+} by_layer;
+
+static int cmp_layer(const void *a, const void *b)
+{
+	const by_layer *x = a, *y = b;
+
+	if (x->layer != y->layer)
+		return x->layer < y->layer ? -1 : 1;
+	return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* The tensors of rank file (p, r), per model chunk in Megatron's order:
+ * embeddings, layers, final norm and output layer, the tied head. */
 static int collect(builder *b)
 {
 	const rs_meg_state *st = b->st;
+	by_layer *layer = malloc((st->ntensors + 1) * sizeof(*layer));
+	int err = layer ? 0 : -ENOMEM;
 
-	for (uint32_t c = 0; c < b->vpp; c++) {
+	for (uint32_t c = 0; c < b->vpp && !err; c++) {
 		uint64_t g = (uint64_t)c * b->pp + b->p;
 		bool first = g == 0, last = g + 1 == (uint64_t)b->pp * b->vpp;
-		int err = 0;
+		size_t n = 0;
 
 		for (size_t i = 0; i < st->ntensors && !err; i++) {
 			const rs_meg_tensor *mt = &st->tensors[i];
 
-			if ((mt->place == RS_MEG_FIRST && first) ||
-			    (mt->place == RS_MEG_LAST && last) ||
-			    (mt->place == RS_MEG_LAYER && mt->layer / b->lpc == g))
+			if (mt->place == RS_MEG_FIRST && first)
 				err = add_item(b, i, false, c);
+			else if (mt->place == RS_MEG_LAYER && mt->layer / b->lpc == g)
+				layer[n++] = (by_layer){ mt->layer, i };
 		}
+		if (n > 1)
+			qsort(layer, n, sizeof(*layer), cmp_layer);
+		for (size_t k = 0; k < n && !err; k++)
+			err = add_item(b, layer[k].index, false, c);
+		for (size_t i = 0; i < st->ntensors && !err && last; i++)
+			if (st->tensors[i].place == RS_MEG_LAST)
+				err = add_item(b, i, false, c);
 		/* GPTModel keeps a copy of tied embeddings on the last stage
 		 * when the first is elsewhere (legacy/model/module.py). */
 		if (!err && st->tied && last && !first && st->word_emb >= 0)
 			err = add_item(b, (size_t)st->word_emb, true, c);
-		if (err)
-			return err;
 	}
-	return 0;
+	free(layer);
+	return err;
 }
 
 /* torch.save's pickle of a dense tensor over storage `key`. */
@@ -284,9 +326,9 @@ static int pw_args(builder *b, rs_pwriter *w)
 	char why[200];
 	int err;
 
-	err = rs_pw_value(w, rs_pv_func(args), rs_megatron_allow, why, sizeof(why));
+	err = rs_pw_value(w, rs_pv_func(args), copy_allow, why, sizeof(why));
 	if (!err)
-		err = rs_pw_value(w, rs_pv_args(args), rs_megatron_allow, why,
+		err = rs_pw_value(w, rs_pv_args(args), copy_allow, why,
 				  sizeof(why));
 	if (err) {
 		rs_diag_add(b->d, "%s: args: %s", b->ck->root_path, why);
@@ -301,9 +343,9 @@ static int pw_args(builder *b, rs_pwriter *w)
 		const rs_pvalue *k = rs_pv_key(state, i);
 		const char *key = rs_pv_str(k, NULL);
 
-		err = rs_pw_value(w, k, rs_megatron_allow, why, sizeof(why));
+		err = rs_pw_value(w, k, copy_allow, why, sizeof(why));
 		if (!err && !(key && pw_new_arg(b, w, key)))
-			err = rs_pw_value(w, rs_pv_val(state, i), rs_megatron_allow,
+			err = rs_pw_value(w, rs_pv_val(state, i), copy_allow,
 					  why, sizeof(why));
 		if (err) {
 			rs_diag_add(b->d, "%s: args.%s: %s", b->ck->root_path,
@@ -355,7 +397,7 @@ static int data_pkl(builder *b, uint8_t **out, size_t *len)
 			   strcmp(key, "iteration") == 0 ||
 			   strcmp(key, "num_floating_point_operations_so_far") == 0) {
 			rs_pw_cstr(&w, key);
-			if (rs_pw_value(&w, rs_pv_val(top, i), rs_megatron_allow,
+			if (rs_pw_value(&w, rs_pv_val(top, i), copy_allow,
 					why, sizeof(why))) {
 				rs_diag_add(b->d, "%s: %s: %s", b->ck->root_path,
 					    key, why);

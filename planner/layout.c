@@ -61,12 +61,8 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 			*stacked_layers = t->shape[0];
 		if (!r || r->split == RS_SPLIT_NONE)
 			continue;
-		if (!t->regular) {
-			rs_diag_add(d, "%s: tensor %s: its chunks do not form a regular grid; cannot reshard",
-				    t->origin ? t->origin : t->name, t->name);
-			err = -EINVAL;
-			continue;
-		}
+		/* Fragments off any grid (metaseq's FSDP pieces) count as one
+		 * stored chunk along every axis: fragmentation 1. */
 		if (layer_axes + r->axis >= t->ndim) {
 			rs_diag_add(d, "%s: rule '%s' splits axis %d but the tensor has %d axes",
 				    t->name, r->match, layer_axes + r->axis,
@@ -76,7 +72,7 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 		}
 		tg->split = r->split;
 		tg->axis = layer_axes + r->axis;
-		if (t->shape[tg->axis] % t->grid[tg->axis] != 0) {
+		if (t->regular && t->shape[tg->axis] % t->grid[tg->axis] != 0) {
 			rs_diag_add(d, "%s: tensor %s is split by TP along axis %d, but its size %llu is not a whole number of chunks of %llu",
 				    t->origin ? t->origin : t->name, t->name, tg->axis,
 				    (unsigned long long)t->shape[tg->axis],
@@ -97,7 +93,10 @@ static uint32_t infer_src_tp(const rs_catalog *c, const rs_layout *l)
 		const rs_target *tg = &l->targets[i];
 		uint64_t f;
 
-		if (tg->axis < 0 || c->tensors[i].shape[tg->axis] == 0)
+		/* Only stored grids say anything about the source TP; a
+		 * tensor off any grid (below) is taken as merged. */
+		if (tg->axis < 0 || c->tensors[i].shape[tg->axis] == 0 ||
+		    !c->tensors[i].regular)
 			continue;
 		f = c->tensors[i].grid_count[tg->axis];
 		if (f && (best == 0 || f < best))
@@ -146,7 +145,10 @@ static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 
 		if (a < 0)
 			continue;
-		frag = t->grid_count[a];
+		/* A tensor whose fragments lie off any grid (metaseq's FSDP
+		 * pieces, an odd torch_dist chunking) is taken as one merged
+		 * chunk: multiplier 1, whatever the source TP. */
+		frag = t->regular ? t->grid_count[a] : l->src_tp;
 		if (t->shape[a] == 0)
 			continue;
 		if (frag % l->src_tp != 0) {
@@ -172,7 +174,7 @@ static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 			continue;
 		}
 		tg->chunk[a] = tg->shape[a] / parts;
-		tg->changed = tg->chunk[a] != t->grid[a] ||
+		tg->changed = tg->chunk[a] != (t->regular ? t->grid[a] : t->shape[a]) ||
 			      tg->shape[a] != t->shape[a];
 	}
 	return err;

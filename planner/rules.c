@@ -74,6 +74,7 @@ static const rs_rule builtin[] = {
 	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1 },
 	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1 },
 	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1 },
+	{ "*output_projection.weight", RS_SPLIT_VOCAB, 0, -1 },
 	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1 },
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))

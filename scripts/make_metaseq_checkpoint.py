@@ -223,8 +223,14 @@ def make(a):
                 if path == "":
                     model["decoder.version"] = version.clone()
             if a.form == "unflat":
-                for name, t in weights.items():
-                    model[name] = t
+                # reshard_fsdp.py: t.view(shape) of the unsharded flat
+                # param's split: every weight of a wrapper shares its
+                # storage, at an offset
+                for path, members, flat in flats:
+                    pieces = flat.split([t.numel() for _, t in members])
+                    for (n, t), piece in zip(members, pieces):
+                        model[f"{path}.{n}" if path else n] = \
+                            piece.view(t.shape)
                 model["decoder.version"] = version.clone()
             sd = {
                 "cfg": {"model": {"_name": "transformer_lm_megatron",

@@ -180,6 +180,18 @@ def test_virtual_stages_gated_bf16(gated, mount, tp, pp, vpp):
           "--weights-only")
 
 
+@pytest.mark.parametrize("tp,opts,padded", [
+    (1, ["vocab_size=1000", "vocab_divisor=576"], 1152),   # grows
+    (2, ["vocab_size=1000", "vocab_divisor=8"], 1008),     # shrinks
+])
+def test_vocab_repadded(src, mount, tp, opts, padded):
+    """args.padded_vocab_size follows the view's padding; rows past the
+    stored ones read as zeros, padding rows are dropped (the checker
+    compares the rows both have and wants zeros past the stored ones)."""
+    m = mount(src[0], [f"tp={tp}", "pp=2", *opts])
+    check(m.mnt, src[1], tp, 2, 1, "--padded", padded)
+
+
 def test_dtype_view(gated, mount):
     m = mount(gated[0], ["tp=4", "pp=2", "dtype=f32"])
     check(m.mnt, gated[1], 4, 2, 1, "--dtype", "float32")
@@ -268,6 +280,8 @@ for path, what in zip(sys.argv[1::2], sys.argv[2::2]):
         sd["args"].decoder_first_pipeline_num_layers = 1
     elif what == "version":
         sd["checkpoint_version"] = 1.0
+    elif what == "torchfn":
+        sd["args"].evil = torch.load
     torch.save(sd, path)
 '''
 
@@ -289,6 +303,10 @@ REFUSED = [
     ("tp", RANK0, ["args.tensor_model_parallel_size is not 2"]),
     ("uneven", RANK0, ["args.decoder_first_pipeline_num_layers is set"]),
     ("version", RANK0, ["checkpoint_version 1: before 2.0"]),
+    # the reader parses any torch.* GLOBAL; the view writes back only what
+    # args really hold, never a callable for weights_only=False to run
+    ("torchfn", RANK0, ["args.evil: GLOBAL torch.serialization.load is not "
+                        "allowed"]),
 ]
 
 

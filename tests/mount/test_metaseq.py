@@ -158,7 +158,8 @@ def test_safetensors_view(made, mount, tmp_path, variant):
 def tp_shard(name, a, r, tp):
     """Rank r of tp of a consolidated OPT weight (the built-in rules)."""
     if any(k in name for k in ("q_proj", "k_proj", "v_proj", "fc1.",
-                               "embed_tokens.weight")):
+                               "embed_tokens.weight",
+                               "output_projection.weight")):
         return np.split(a, tp, axis=0)[r]
     if name.endswith("out_proj.weight") or name.endswith("fc2.weight"):
         return np.split(a, tp, axis=1)[r]
