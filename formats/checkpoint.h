@@ -111,6 +111,13 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
 			     const rs_layout *l, rs_vtree *t, rs_diag *d);
 
+/* For views that write their own files beside the source's other files
+ * (torch_dist, safetensors): adds every passthrough file of SOURCE to the
+ * tree, under its directories - not hidden entries (what the source's
+ * reader marked as replaced by the view), byte items, zarr array
+ * directories, or a dist checkpoint's metadata.json. */
+int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
+
 /* Name of the format, for logs and stats; and back ("zarr",
  * "torch_dist", "megatron", "metaseq", "safetensors"), -EINVAL for an
  * unknown name. */

@@ -361,31 +361,6 @@ static int metadata_pickle(builder *b, uint8_t **out, size_t *len)
 	return rs_pw_finish(&w, out, len);
 }
 
-/* Which source entries the view carries: not the tensors' zarr array
- * directories (their data is in the .distcp files now), not byte items
- * (they are too), not what the view writes itself; and a directory only if
- * something inside it is carried.  Parents come before children in the
- * entry list, so one backward pass settles directories. */
-static void mark_carried(const rs_checkpoint *ck, bool *carried)
-{
-	bool *in_array = calloc(ck->nentries + 1, sizeof(bool));
-
-	for (size_t a = 0; in_array && a < ck->narrays; a++)
-		in_array[ck->arrays[a].dir_entry] = true;
-	for (size_t i = 0; in_array && i < ck->nentries; i++) {
-		const rs_entry *e = &ck->entries[i];
-
-		if (e->parent >= 0 && in_array[e->parent])
-			in_array[i] = true;
-		carried[i] = !e->is_dir && !e->hidden && !e->blob && !in_array[i] &&
-			     !(e->parent < 0 && strcmp(e->name, "metadata.json") == 0);
-	}
-	for (size_t i = ck->nentries; in_array && i-- > 0;)
-		if (carried[i] && ck->entries[i].parent >= 0)
-			carried[ck->entries[i].parent] = true;
-	free(in_array);
-}
-
 /* A file the view writes itself, at the top.  A file or directory of
  * SOURCE carried into the view may hold its name (a stray `.metadata` or
  * `__0_0.distcp` in a zarr source): that is reported, not served. */
@@ -409,33 +384,15 @@ int rs_dcp_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		"{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1, "
 		"\"common_backend\": \"torch\", \"common_backend_version\": 1}";
 	builder b = { .ck = ck, .l = l, .t = t, .d = d };
-	bool *carried = calloc(ck->nentries + 1, sizeof(bool));
-	uint32_t *node = calloc(ck->nentries + 1, sizeof(uint32_t));
 	uint8_t *pkl = NULL;
 	size_t pkl_len;
 	uint32_t file;
 	int err = -ENOMEM;
 
 	b.files = calloc(l->tp, sizeof(uint32_t));
-	if (!carried || !node || !b.files)
+	if (!b.files)
 		goto out;
-	mark_carried(ck, carried);
-	err = 0;
-	for (size_t i = 0; i < ck->nentries && !err; i++) {
-		const rs_entry *e = &ck->entries[i];
-		uint32_t parent = e->parent < 0 ? 0 : node[e->parent];
-
-		if (!carried[i])
-			continue;
-		if (e->is_dir) {
-			err = rs_vtree_add_dir(t, parent, e->name, e->mtime, &node[i]);
-			continue;
-		}
-		err = rs_vtree_add_file(t, parent, e->name, e->mtime, &node[i]);
-		if (!err)
-			err = rs_vtree_append_source(t, node[i], e->source, 0,
-				rs_sources_id(ck->sources, e->source)->size);
-	}
+	err = rs_checkpoint_carry(ck, t);
 	if (!err)
 		err = add_own_file(ck, t, "metadata.json", &file, d);
 	if (!err)
@@ -472,7 +429,5 @@ out:
 	free(pkl);
 	free(b.items);
 	free(b.files);
-	free(node);
-	free(carried);
 	return err;
 }

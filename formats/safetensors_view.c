@@ -348,71 +348,12 @@ static int append_shard(builder *b, uint32_t file, const member *m,
 	return 0;
 }
 
-/* Which source entries the view carries: files not hidden (the source's
- * own tensor files and indexes are), not byte items, not in a zarr array
- * directory, not a dist checkpoint's metadata.json (the view is not one);
- * a directory only if something inside it is carried.  Parents come
- * before children, so one backward pass settles directories. */
-static int mark_carried(const rs_checkpoint *ck, bool *carried)
-{
-	bool *in_array = calloc(ck->nentries + 1, sizeof(bool));
-	bool dist = ck->format == RS_FORMAT_ZARR ||
-		    ck->format == RS_FORMAT_TORCH_DIST;
-
-	if (!in_array)
-		return -ENOMEM;
-	for (size_t a = 0; a < ck->narrays; a++)
-		in_array[ck->arrays[a].dir_entry] = true;
-	for (size_t i = 0; i < ck->nentries; i++) {
-		const rs_entry *e = &ck->entries[i];
-
-		if (e->parent >= 0 && in_array[e->parent])
-			in_array[i] = true;
-		carried[i] = !e->is_dir && !e->hidden && !e->blob &&
-			     !in_array[i] &&
-			     !(dist && e->parent < 0 &&
-			       strcmp(e->name, "metadata.json") == 0);
-	}
-	for (size_t i = ck->nentries; i-- > 0;)
-		if (carried[i] && ck->entries[i].parent >= 0)
-			carried[ck->entries[i].parent] = true;
-	free(in_array);
-	return 0;
-}
-
-static int carry(const rs_checkpoint *ck, rs_vtree *t)
-{
-	bool *carried = calloc(ck->nentries + 1, sizeof(bool));
-	uint32_t *node = calloc(ck->nentries + 1, sizeof(uint32_t));
-	int err = carried && node ? mark_carried(ck, carried) : -ENOMEM;
-
-	for (size_t i = 0; i < ck->nentries && !err; i++) {
-		const rs_entry *e = &ck->entries[i];
-		uint32_t parent = e->parent < 0 ? 0 : node[e->parent];
-
-		if (!carried[i])
-			continue;
-		if (e->is_dir) {
-			err = rs_vtree_add_dir(t, parent, e->name, e->mtime,
-					       &node[i]);
-			continue;
-		}
-		err = rs_vtree_add_file(t, parent, e->name, e->mtime, &node[i]);
-		if (!err)
-			err = rs_vtree_append_source(t, node[i], e->source, 0,
-				rs_sources_id(ck->sources, e->source)->size);
-	}
-	free(node);
-	free(carried);
-	return err;
-}
-
 int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			      rs_vtree *t, rs_diag *d)
 {
 	builder b = { .ck = ck, .l = l, .t = t, .d = d };
 	text h = { 0 };
-	int err = carry(ck, t);
+	int err = rs_checkpoint_carry(ck, t);
 
 	if (!err)
 		err = plan_members(&b);
