@@ -1,5 +1,6 @@
 /* torch_dist reader: .metadata + .distcp items -> catalog, blobs, entries. */
 #include "formats/dcp.h"
+#include "formats/torch_tensor.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -33,46 +34,6 @@ typedef struct {
 	item_ref *items;
 	size_t nitems, cap_items;
 } reader;
-
-static rs_dtype dtype_of_global(const rs_pvalue *g, bool storage)
-{
-	const char *mod = rs_pv_global_module(g), *name = rs_pv_global_name(g);
-
-	if (!mod || !name || strcmp(mod, "torch") != 0)
-		return RS_DTYPE_INVALID;
-	return rs_dtype_from_torch(name, storage);
-}
-
-static bool get_u64(const rs_pvalue *v, uint64_t *out)
-{
-	int64_t i;
-
-	if (rs_pv_int(v, &i) != 0 || i < 0)
-		return false;
-	*out = (uint64_t)i;
-	return true;
-}
-
-/* torch.Size((a, b, ...)) or a plain tuple/list of non-negative ints. */
-static bool get_dims(const rs_pvalue *v, uint64_t *out, int *n)
-{
-	const rs_pvalue *t = v;
-
-	if (rs_pv_kind(v) == RS_PV_REDUCE) {
-		if (!rs_pv_call_is(v, "torch.Size"))
-			return false;
-		t = rs_pv_item(rs_pv_args(v), 0);
-	}
-	if (rs_pv_kind(t) != RS_PV_TUPLE && rs_pv_kind(t) != RS_PV_LIST)
-		return false;
-	if (rs_pv_len(t) > RS_MAX_DIMS)
-		return false;
-	*n = (int)rs_pv_len(t);
-	for (int i = 0; i < *n; i++)
-		if (!get_u64(rs_pv_item(t, (size_t)i), &out[i]))
-			return false;
-	return true;
-}
 
 static int cmp_item(const void *a, const void *b)
 {
@@ -165,10 +126,10 @@ static int read_storage(reader *r, const rs_pvalue *storage)
 		}
 		it->noff = -1;
 		if (!it->fqn || !it->path ||
-		    !get_u64(rs_pv_get(v, "offset"), &it->offset) ||
-		    !get_u64(rs_pv_get(v, "length"), &it->length) ||
+		    !rs_pv_u64(rs_pv_get(v, "offset"), &it->offset) ||
+		    !rs_pv_u64(rs_pv_get(v, "length"), &it->length) ||
 		    (rs_pv_kind(off) != RS_PV_NONE && off &&
-		     !get_dims(off, it->off, &it->noff))) {
+		     !rs_pv_dims(off, it->off, &it->noff, RS_MAX_DIMS))) {
 			rs_diag_add(r->d, "%s: storage_data entry %zu is malformed",
 				    r->meta_path, i);
 			return -EINVAL;
@@ -249,19 +210,15 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 		      const item_ref *it)
 {
 	char msg[RS_ZIP_MSG_SIZE], perr[200], where[4400];
-	const rs_zip_entry *pkl, *data;
-	const rs_pvalue *root, *args, *pid;
+	const rs_zip_entry *pkl;
 	rs_pickle_limits lim;
+	rs_torch_tensor tt;
 	rs_pickle *pk = NULL;
 	rs_zip z = { 0 };
 	uint8_t *buf = NULL;
-	uint64_t e = rs_dtype_size(t->dtype), soff, numel, size[RS_MAX_DIMS];
-	uint64_t stride[RS_MAX_DIMS], last, bytes;
-	int fd, n1 = 0, n2 = 0, err;
-	bool empty = false, v3;
+	const char *why;
 	uint32_t src;
-	char record[64];
-	const char *key;
+	int fd, err;
 
 	err = locate(r, it, t->name, &src);
 	if (err)
@@ -294,82 +251,28 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 		rs_diag_add(r->d, "%s: data.pkl: %s", where, perr);
 		goto fail;
 	}
-	root = rs_pickle_root(pk);
-	if (rs_pv_call_is(root, "torch._utils._rebuild_parameter"))
-		root = rs_pv_item(rs_pv_args(root), 0);
-	args = rs_pv_args(root);
-	pid = rs_pv_persid(rs_pv_item(args, 0));
-	key = rs_pv_str(rs_pv_item(pid, 2), NULL);
-	/* torch.save writes _rebuild_tensor_v2 over a typed storage, or v3
-	 * over an UntypedStorage with the dtype as its 7th argument for
-	 * types that have no typed storage (fp8). */
-	v3 = rs_pv_call_is(root, "torch._utils._rebuild_tensor_v3");
-	if (!(v3 || rs_pv_call_is(root, "torch._utils._rebuild_tensor_v2")) ||
-	    !rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
-	    !get_u64(rs_pv_item(pid, 4), &numel) ||
-	    !get_u64(rs_pv_item(args, 1), &soff) ||
-	    !get_dims(rs_pv_item(args, 2), size, &n1) ||
-	    !get_dims(rs_pv_item(args, 3), stride, &n2)) {
-		rs_diag_add(r->d, "%s: data.pkl is not one torch tensor", where);
+	if (rs_torch_tensor_read(&z, rs_pickle_root(pk), &tt, &why) != 0) {
+		rs_diag_add(r->d, "%s: data.pkl %s", where, why);
 		goto fail;
 	}
-	if (v3 && dtype_of_global(rs_pv_item(args, 6), false) != t->dtype) {
+	if (tt.dtype != t->dtype) {
 		rs_diag_add(r->d, "%s: stored as %s, but .metadata says %s", where,
-			    rs_pv_global_name(rs_pv_item(args, 6)) ?
-				    rs_pv_global_name(rs_pv_item(args, 6)) : "?",
+			    rs_dtype_torch_storage(tt.dtype)
+				    ? rs_dtype_torch_storage(tt.dtype)
+				    : rs_dtype_name(tt.dtype),
 			    rs_dtype_name(t->dtype));
 		goto fail;
 	}
-	/* An UntypedStorage counts bytes, a typed one elements. */
-	if (rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage") ||
-	    rs_pv_global_is(rs_pv_item(pid, 1), "torch.storage.UntypedStorage")) {
-		if (numel % e) {
-			rs_diag_add(r->d, "%s: storage of %llu bytes is not a whole number of %s elements",
-				    where, (unsigned long long)numel,
-				    rs_dtype_name(t->dtype));
-			goto fail;
-		}
-		numel /= e;
-	} else if (v3 || dtype_of_global(rs_pv_item(pid, 1), true) != t->dtype) {
-		rs_diag_add(r->d, "%s: stored as %s, but .metadata says %s", where,
-			    rs_pv_global_name(rs_pv_item(pid, 1)) ?
-				    rs_pv_global_name(rs_pv_item(pid, 1)) : "?",
-			    rs_dtype_name(t->dtype));
-		goto fail;
-	}
-	if (n1 != t->ndim || n2 != t->ndim ||
-	    memcmp(size, f->box.len, (size_t)n1 * sizeof(uint64_t)) != 0) {
+	if (tt.ndim != t->ndim ||
+	    memcmp(tt.shape, f->box.len, (size_t)tt.ndim * sizeof(uint64_t)) != 0) {
 		rs_diag_add(r->d, "%s: tensor shape differs from the chunk's in .metadata",
-			    where);
-		goto fail;
-	}
-	snprintf(record, sizeof(record), "data/%s", key);
-	data = rs_zip_find(&z, record);
-	/* The last element reached must be inside the storage, and the
-	 * storage inside its zip entry.  An empty tensor reaches no element:
-	 * torch saves it with an empty storage, which must not be refused. */
-	last = soff;
-	for (int i = 0; i < n1; i++) {
-		uint64_t step;
-
-		if (size[i] == 0) {
-			empty = true;
-			break;
-		}
-		if (!rs_mul_u64(size[i] - 1, stride[i], &step) ||
-		    !rs_add_u64(last, step, &last))
-			last = UINT64_MAX;
-	}
-	if (!data || !rs_mul_u64(numel, e, &bytes) || bytes > data->size ||
-	    (!empty && last >= numel)) {
-		rs_diag_add(r->d, "%s: tensor elements lie outside their storage",
 			    where);
 		goto fail;
 	}
 	f->source = src;
 	/* An empty tensor's storage offset is never used (and unchecked). */
-	f->offset = it->offset + data->offset + (empty ? 0 : soff * e);
-	memcpy(f->stride, stride, sizeof(stride));
+	f->offset = it->offset + tt.offset;
+	memcpy(f->stride, tt.stride, sizeof(tt.stride));
 	err = 0;
 	goto out;
 fail:
@@ -418,7 +321,7 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 	const rs_pvalue *dt = rs_pv_kind(props) == RS_PV_TUPLE
 		? rs_pv_item(props, 0) : rs_pv_get(props, "dtype");
 
-	dtype = dtype_of_global(dt, false);
+	dtype = rs_torch_dtype(dt, false);
 	if (dtype == RS_DTYPE_INVALID) {
 		rs_diag_add(r->d, "%s: %s: unsupported dtype %s%s%s",
 			    r->meta_path, fqn,
@@ -427,7 +330,7 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 			    rs_pv_global_name(dt) ? rs_pv_global_name(dt) : "");
 		return -EINVAL;
 	}
-	if (!get_dims(rs_pv_get(meta, "size"), shape, &ndim)) {
+	if (!rs_pv_dims(rs_pv_get(meta, "size"), shape, &ndim, RS_MAX_DIMS)) {
 		rs_diag_add(r->d, "%s: %s: size is not a torch.Size of at most %d non-negative integers",
 			    r->meta_path, fqn, RS_MAX_DIMS);
 		return -EINVAL;
@@ -453,8 +356,8 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 		const item_ref *it;
 
 		f->box.ndim = ndim;
-		if (!get_dims(rs_pv_get(cs, "offsets"), f->box.off, &no) ||
-		    !get_dims(rs_pv_get(cs, "sizes"), f->box.len, &ns) ||
+		if (!rs_pv_dims(rs_pv_get(cs, "offsets"), f->box.off, &no, RS_MAX_DIMS) ||
+		    !rs_pv_dims(rs_pv_get(cs, "sizes"), f->box.len, &ns, RS_MAX_DIMS) ||
 		    no != ndim || ns != ndim) {
 			rs_diag_add(r->d, "%s: %s: chunk %zu is malformed or of another rank (mcore flattened_range items are not supported)",
 				    r->meta_path, fqn, c);

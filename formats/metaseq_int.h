@@ -88,9 +88,6 @@ const char *ms_whole_str(const rs_pvalue *v);
  * the DICT of its pairs (NULL for an empty OrderedDict: length 0). */
 bool ms_dict(const rs_pvalue *v, const rs_pvalue **items);
 
-/* torch.Size((a, b)) or a tuple/list of non-negative ints, at most
- * RS_MAX_DIMS of them. */
-bool ms_dims(const rs_pvalue *v, uint64_t *out, int *n);
 
 /* A name that may become a tensor name: rs_name_is_safe and no control
  * bytes. */

@@ -71,30 +71,6 @@ bool ms_dict(const rs_pvalue *v, const rs_pvalue **items)
 	return false;
 }
 
-bool ms_dims(const rs_pvalue *v, uint64_t *out, int *n)
-{
-	const rs_pvalue *t = v;
-
-	if (rs_pv_kind(v) == RS_PV_REDUCE) {
-		if (!rs_pv_call_is(v, "torch.Size"))
-			return false;
-		t = rs_pv_item(rs_pv_args(v), 0);
-	}
-	if (rs_pv_kind(t) != RS_PV_TUPLE && rs_pv_kind(t) != RS_PV_LIST)
-		return false;
-	if (rs_pv_len(t) > RS_MAX_DIMS)
-		return false;
-	*n = (int)rs_pv_len(t);
-	for (int i = 0; i < *n; i++) {
-		int64_t x;
-
-		if (rs_pv_int(rs_pv_item(t, (size_t)i), &x) != 0 || x < 0)
-			return false;
-		out[i] = (uint64_t)x;
-	}
-	return true;
-}
-
 bool ms_name_ok(const char *s)
 {
 	if (!rs_name_is_safe(s))
@@ -241,7 +217,7 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 		int64_t numel;
 		int ndim = 0, err;
 
-		if (!ms_dims(rs_pv_item(shapes, i), shape, &ndim) ||
+		if (!rs_pv_dims(rs_pv_item(shapes, i), shape, &ndim, RS_MAX_DIMS) ||
 		    rs_pv_int(rs_pv_item(numels, i), &numel) != 0 || numel < 0) {
 			rs_diag_add(d, "%s: shard_metadata: %s: shape %zu or numel %zu is not a torch.Size of at most %d sizes or a non-negative int",
 				    where, f->key, i, i, RS_MAX_DIMS);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "formats/metaseq_int.h"
+#include "formats/torch_tensor.h"
 #include "formats/pickle.h"
 #include "formats/torchzip.h"
 #include "formats/zarr.h"
@@ -189,85 +190,24 @@ fail:
 	return err;
 }
 
-/* torch.save's tensor: _rebuild_tensor_v2 over a typed storage, or v3
- * over an UntypedStorage with the dtype as its 7th argument; perhaps
- * wrapped in _rebuild_parameter.  Its elements must lie in its storage,
- * and the storage in its zip record. */
+/* One value of the model dict: a torch.save tensor (formats/torch_tensor.h)
+ * whose elements lie in its storage record. */
 static int read_tensor(const rs_zip *z, const rs_pvalue *v, const char *where,
 		       const char *key, ms_tensor *t, rs_diag *d)
 {
-	const rs_pvalue *args, *pid, *st;
-	const rs_zip_entry *data;
-	uint64_t soff, numel, bytes, last;
-	int64_t x, so;
-	int n2 = 0;
-	bool v3, untyped, empty = false;
-	char record[64];
-	const char *skey;
+	rs_torch_tensor tt;
+	const char *why;
 
-	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
-	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
-		v = rs_pv_item(rs_pv_args(v), 0);
-	args = rs_pv_args(v);
-	pid = rs_pv_persid(rs_pv_item(args, 0));
-	st = rs_pv_item(pid, 1);
-	skey = ms_whole_str(rs_pv_item(pid, 2));
-	v3 = rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
-	if (!(v3 || rs_pv_call_is(v, "torch._utils._rebuild_tensor_v2")) ||
-	    !rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !skey ||
-	    strlen(skey) > 40 || rs_pv_int(rs_pv_item(pid, 4), &x) != 0 ||
-	    x < 0 || rs_pv_int(rs_pv_item(args, 1), &so) != 0 || so < 0 ||
-	    !ms_dims(rs_pv_item(args, 2), t->shape, &t->ndim) ||
-	    !ms_dims(rs_pv_item(args, 3), t->stride, &n2) || n2 != t->ndim) {
-		rs_diag_add(d, "%s: model[\"%s\"] is not a torch tensor", where, key);
+	if (rs_torch_tensor_read(z, v, &tt, &why) != 0) {
+		rs_diag_add(d, "%s: model[\"%s\"] %s", where, key, why);
 		return -EINVAL;
 	}
-	numel = (uint64_t)x;
-	soff = (uint64_t)so;
-	untyped = rs_pv_global_is(st, "torch.UntypedStorage") ||
-		  rs_pv_global_is(st, "torch.storage.UntypedStorage");
-	t->dtype = RS_DTYPE_INVALID;
-	if (v3 && untyped &&
-	    rs_pv_global_module(rs_pv_item(args, 6)) &&
-	    strcmp(rs_pv_global_module(rs_pv_item(args, 6)), "torch") == 0)
-		t->dtype = rs_dtype_from_torch(
-			rs_pv_global_name(rs_pv_item(args, 6)), false);
-	else if (!v3 && rs_pv_global_module(st) &&
-		 strcmp(rs_pv_global_module(st), "torch") == 0)
-		t->dtype = rs_dtype_from_torch(rs_pv_global_name(st), true);
-	if (t->dtype == RS_DTYPE_INVALID) {
-		rs_diag_add(d, "%s: model[\"%s\"] has a dtype reshardfs does not know",
-			    where, key);
-		return -EINVAL;
-	}
-	if (untyped) {
-		if (numel % rs_dtype_size(t->dtype))
-			goto outside;
-		numel /= rs_dtype_size(t->dtype);
-	}
-	snprintf(record, sizeof(record), "data/%s", skey);
-	data = rs_zip_find(z, record);
-	last = soff;
-	for (int i = 0; i < t->ndim; i++) {
-		uint64_t step;
-
-		if (t->shape[i] == 0) {
-			empty = true;
-			break;
-		}
-		if (!rs_mul_u64(t->shape[i] - 1, t->stride[i], &step) ||
-		    !rs_add_u64(last, step, &last))
-			last = UINT64_MAX;
-	}
-	if (!data || !rs_mul_u64(numel, rs_dtype_size(t->dtype), &bytes) ||
-	    bytes > data->size || (!empty && last >= numel))
-		goto outside;
-	t->offset = data->offset + (empty ? 0 : soff * rs_dtype_size(t->dtype));
+	t->dtype = tt.dtype;
+	t->ndim = tt.ndim;
+	memcpy(t->shape, tt.shape, sizeof(t->shape));
+	memcpy(t->stride, tt.stride, sizeof(t->stride));
+	t->offset = tt.offset;
 	return 0;
-outside:
-	rs_diag_add(d, "%s: model[\"%s\"]: its elements lie outside its storage",
-		    where, key);
-	return -EINVAL;
 }
 
 static int cmp_key(const void *a, const void *b, void *arg)

@@ -1225,6 +1225,36 @@ bool rs_pv_call_is(const rs_pvalue *v, const char *full)
 	return rs_pv_global_is(rs_pv_func(v), full);
 }
 
+bool rs_pv_u64(const rs_pvalue *v, uint64_t *out)
+{
+	int64_t i;
+
+	if (rs_pv_int(v, &i) != 0 || i < 0)
+		return false;
+	*out = (uint64_t)i;
+	return true;
+}
+
+bool rs_pv_dims(const rs_pvalue *v, uint64_t *out, int *n, int max)
+{
+	const rs_pvalue *t = v;
+
+	if (rs_pv_kind(v) == RS_PV_REDUCE) {
+		if (!rs_pv_call_is(v, "torch.Size"))
+			return false;
+		t = rs_pv_item(rs_pv_args(v), 0);
+	}
+	if (rs_pv_kind(t) != RS_PV_TUPLE && rs_pv_kind(t) != RS_PV_LIST)
+		return false;
+	if (rs_pv_len(t) > (size_t)max)
+		return false;
+	*n = (int)rs_pv_len(t);
+	for (int i = 0; i < *n; i++)
+		if (!rs_pv_u64(rs_pv_item(t, (size_t)i), &out[i]))
+			return false;
+	return true;
+}
+
 const rs_pvalue *rs_pv_persid(const rs_pvalue *v)
 {
 	return rs_pv_kind(v) == RS_PV_PERSID ? v->u.pid : NULL;

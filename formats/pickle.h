@@ -157,6 +157,12 @@ const rs_pvalue *rs_pv_dictitems(const rs_pvalue *v);
 /* REDUCE or OBJECT whose callable/class is the GLOBAL `full`. */
 bool rs_pv_call_is(const rs_pvalue *v, const char *full);
 
+/* A non-negative int as uint64_t; false for anything else. */
+bool rs_pv_u64(const rs_pvalue *v, uint64_t *out);
+/* torch.Size((a, b, ...)) or a plain tuple/list of at most `max`
+ * non-negative ints: *n of them into out.  False for anything else. */
+bool rs_pv_dims(const rs_pvalue *v, uint64_t *out, int *n, int max);
+
 /* PERSID: the pid (BINPERSID: usually a tuple; PERSID: a STR). */
 const rs_pvalue *rs_pv_persid(const rs_pvalue *v);
 
