@@ -23,6 +23,7 @@
  * CRCs; a strict `unzip -t` of an item reports those entries as bad.
  */
 #include "formats/dcp.h"
+#include "formats/torch_tensor.h"
 #include "formats/objects.h"
 
 #include <errno.h>
@@ -84,53 +85,15 @@ static void pw_object_end(rs_pwriter *w)
 	rs_pw_build(w);
 }
 
-/* data.pkl of one dense C-order tensor of `box.len` extents, as torch.save
- * writes it: _rebuild_tensor_v2 over a typed storage, or, for a dtype
- * without one (fp8), _rebuild_tensor_v3 over an UntypedStorage (counted
- * in bytes) with the dtype last. */
+/* data.pkl of one dense C-order tensor of `box.len` extents, over
+ * storage "0". */
 static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 			 size_t *len)
 {
-	const char *storage = rs_dtype_torch_storage(dtype);
-	uint64_t stride[RS_MAX_DIMS], numel = 1;
 	rs_pwriter w;
 
-	rs_c_strides(box->len, box->ndim, stride);
-	for (int i = 0; i < box->ndim; i++)
-		numel *= box->len[i];
 	rs_pw_init(&w, 2);
-	rs_pw_global(&w, "torch._utils",
-		     storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
-	rs_pw_tuple_begin(&w);
-	/* the storage, by persistent id */
-	rs_pw_tuple_begin(&w);
-	rs_pw_cstr(&w, "storage");
-	if (storage)
-		rs_pw_global(&w, "torch", storage);
-	else
-		rs_pw_global(&w, "torch.storage", "UntypedStorage");
-	rs_pw_cstr(&w, "0");
-	rs_pw_cstr(&w, "cpu");
-	rs_pw_int(&w, (int64_t)(storage ? numel : numel * rs_dtype_size(dtype)));
-	rs_pw_tuple_end(&w);
-	rs_pw_persid(&w);
-	rs_pw_int(&w, 0);
-	rs_pw_tuple_begin(&w);
-	for (int i = 0; i < box->ndim; i++)
-		rs_pw_int(&w, (int64_t)box->len[i]);
-	rs_pw_tuple_end(&w);
-	rs_pw_tuple_begin(&w);
-	for (int i = 0; i < box->ndim; i++)
-		rs_pw_int(&w, (int64_t)stride[i]);
-	rs_pw_tuple_end(&w);
-	rs_pw_bool(&w, false);
-	rs_pw_global(&w, "collections", "OrderedDict");
-	rs_pw_tuple_n(&w, 0);
-	rs_pw_reduce(&w);
-	if (!storage)
-		rs_pw_global(&w, "torch", rs_dtype_torch_name(dtype));
-	rs_pw_tuple_end(&w);
-	rs_pw_reduce(&w);
+	rs_pw_torch_tensor(&w, dtype, box->len, box->ndim, "0");
 	return rs_pw_finish(&w, out, len);
 }
 

@@ -40,6 +40,9 @@
  *     With T > 1 a tensor no rule knows is refused (its copies could be
  *     shards or replicas).  `word_embeddings_for_head` of tied weights is
  *     a copy of the word embeddings: checked, not catalogued.
+ *   - Tensors are read with formats/torch_tensor.h; a dict met twice
+ *     (the pickle memo can share one) is refused, so a small file cannot
+ *     name exponentially many tensors.
  *   - Refused with one line naming the file: a missing rank or
  *     model_optim_rng.pt, a zip or pickle that does not parse, an unknown
  *     GLOBAL, iterations, versions or sizes that differ between ranks, a
@@ -62,7 +65,9 @@
  * with vpp > 1)}.  Values are written back with rs_pw_value allowing only
  * the GLOBALs args hold (the Namespace, torch dtypes, Megatron enums,
  * PosixPath, SimpleNamespace, set): a source naming any other callable
- * there is refused rather than handed to a weights_only=False loader.  Models nest as in the source, layers numbered per
+ * there is refused rather than handed to a weights_only=False loader.
+ * args come from TP rank 0 of stage 0 (its rank/local_rank fields too).
+ * Models nest as in the source, in Megatron's order, layers numbered per
  * chunk, embeddings in the first chunk, final norm and output layer in
  * the last, `word_embeddings_for_head` in the last chunk when weights are
  * tied and it is not also the first.  Each tensor record holds exactly the
@@ -80,6 +85,7 @@
 
 #include "formats/checkpoint.h"
 #include "formats/pickle.h"
+#include "formats/torch_tensor.h"
 #include "formats/torchzip.h"
 #include "planner/rules.h"
 
@@ -144,21 +150,9 @@ typedef struct {
 	size_t cap_tensors, cap_filled;
 } rs_meg_reader;
 
-/* A tensor of a rank file: where its elements are and how laid out. */
-typedef struct {
-	rs_dtype dtype;
-	int ndim;
-	uint64_t size[RS_MAX_DIMS], stride[RS_MAX_DIMS];
-	uint64_t offset;        /* byte offset of element 0 in the file */
-} rs_meg_ttensor;
-
 /* megatron_pkl.c.  A torch.save tensor (_rebuild_tensor_v2/v3, perhaps in
- * _rebuild_parameter); rs_meg_read_tensor locates it in zip `z`, its
- * elements checked to lie in their data/<key> record, else -EINVAL and
- * *why ("has ..." text for a message). */
+ * _rebuild_parameter), read with rs_torch_tensor_read. */
 bool rs_meg_is_tensor(const rs_pvalue *v);
-int rs_meg_read_tensor(const rs_pvalue *v, const rs_zip *z,
-		       rs_meg_ttensor *out, const char **why);
 /* A dict, or an OrderedDict (*pairs its items: NULL when empty). */
 bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
 /* The first rank file's args (r->st->top set): fills st->args, layers,

@@ -29,7 +29,6 @@ typedef struct {
 	const char *keys[RS_MEGATRON_MAX_NESTING];
 	int nkeys;
 	size_t next;            /* ranks > 0: the catalog index expected next */
-	size_t matched;         /* ranks > 0: tensors of the group found */
 	uint8_t *seen;          /* rank 0: layers of the chunk found */
 	const rs_pvalue *dicts[RS_MEG_MAX_DICTS];   /* dicts walked so far */
 	size_t ndicts;
@@ -74,7 +73,7 @@ static int flat_name(const walker *w, int lk, uint64_t layer,
 	return 0;
 }
 
-static void frag_set(rs_fragment *f, const rs_meg_ttensor *tt, uint32_t src,
+static void frag_set(rs_fragment *f, const rs_torch_tensor *tt, uint32_t src,
 		     const uint64_t *off, const uint64_t *len, uint64_t offset)
 {
 	f->box.ndim = tt->ndim;
@@ -86,24 +85,25 @@ static void frag_set(rs_fragment *f, const rs_meg_ttensor *tt, uint32_t src,
 }
 
 /* Rank t's fragment(s) of tensor `ten` (split along `axis`, or -1). */
-static int place_rank(walker *w, rs_tensor *ten, int axis, const rs_meg_ttensor *tt)
+static int place_rank(walker *w, rs_tensor *ten, int axis,
+		      const rs_torch_tensor *tt)
 {
 	uint32_t T = w->r->st->tp, t = w->t;
 	uint64_t off[RS_MAX_DIMS] = { 0 }, len[RS_MAX_DIMS];
 	uint64_t half, skip;
 
-	memcpy(len, tt->size, sizeof(len));
+	memcpy(len, tt->shape, sizeof(len));
 	if (axis < 0) {
 		frag_set(&ten->frags[0], tt, w->src, off, len, tt->offset);
 		return 0;
 	}
 	if (ten->nfrags == T) {
-		off[axis] = (uint64_t)t * tt->size[axis];
+		off[axis] = (uint64_t)t * tt->shape[axis];
 		frag_set(&ten->frags[t], tt, w->src, off, len, tt->offset);
 		return 0;
 	}
 	/* gated: rows [0, half) are W_t, [half, 2*half) V_t */
-	half = tt->size[0] / 2;
+	half = tt->shape[0] / 2;
 	len[0] = half;
 	off[0] = (uint64_t)t * half;
 	frag_set(&ten->frags[t], tt, w->src, off, len, tt->offset);
@@ -135,7 +135,7 @@ static bool is_gated_name(const char *name)
 /* Split axis of a catalog name (-1: replicated) by the built-in rules;
  * -EINVAL (reported) when the rule does not fit or no rule knows a tensor
  * that T > 1 ranks each hold a copy of. */
-static int split_axis(walker *w, const char *name, const rs_meg_ttensor *tt,
+static int split_axis(walker *w, const char *name, const rs_torch_tensor *tt,
 		      int *axis)
 {
 	int layer_axes = 0;
@@ -194,8 +194,8 @@ static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
 }
 
 /* Rank 0 of a stage: a new catalog tensor. */
-static int create(walker *w, const char *name, const rs_meg_ttensor *tt, int lk,
-		  uint64_t layer, const char *rest, rs_meg_place place)
+static int create(walker *w, const char *name, const rs_torch_tensor *tt,
+		  int lk, uint64_t layer, const char *rest, rs_meg_place place)
 {
 	rs_meg_reader *r = w->r;
 	uint32_t T = r->st->tp;
@@ -207,12 +207,12 @@ static int create(walker *w, const char *name, const rs_meg_ttensor *tt, int lk,
 	err = split_axis(w, name, tt, &axis);
 	if (err)
 		return err;
-	memcpy(shape, tt->size, sizeof(shape));
+	memcpy(shape, tt->shape, sizeof(shape));
 	if (axis >= 0) {
 		gated = r->gated && axis == 0 && is_gated_name(name);
-		if (gated && tt->size[0] % 2) {
+		if (gated && tt->shape[0] % 2) {
 			rs_diag_add(r->d, "%s: %s: a gated (swiglu) tensor of %llu rows, not [W; V] halves",
-				    w->path, name, (unsigned long long)tt->size[0]);
+				    w->path, name, (unsigned long long)tt->shape[0]);
 			return -EINVAL;
 		}
 		nfrags = gated ? 2 * (size_t)T : T;
@@ -237,7 +237,7 @@ static int create(walker *w, const char *name, const rs_meg_ttensor *tt, int lk,
 }
 
 /* Ranks > 0: the tensor must be rank 0's, dtype and shape alike. */
-static int match(walker *w, const char *name, const rs_meg_ttensor *tt)
+static int match(walker *w, const char *name, const rs_torch_tensor *tt)
 {
 	rs_meg_reader *r = w->r;
 	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
@@ -261,7 +261,7 @@ static int match(walker *w, const char *name, const rs_meg_ttensor *tt)
 	if (axis >= 0)
 		want[axis] /= r->st->tp;   /* the global shape is T local ones */
 	if (tt->dtype != ten->dtype || tt->ndim != ten->ndim ||
-	    memcmp(tt->size, want, (size_t)tt->ndim * sizeof(uint64_t)) != 0) {
+	    memcmp(tt->shape, want, (size_t)tt->ndim * sizeof(uint64_t)) != 0) {
 		rs_diag_add(r->d, "%s: %s differs in dtype or shape from TP rank 0's",
 			    w->path, name);
 		return -EINVAL;
@@ -272,22 +272,21 @@ static int match(walker *w, const char *name, const rs_meg_ttensor *tt)
 	}
 	r->filled[i]++;
 	w->next = i + 1;
-	w->matched++;
 	if (axis < 0)
 		return 0;   /* replicated: TP rank 0's copy is served */
 	return place_rank(w, ten, axis, tt);
 }
 
 /* word_embeddings_for_head: the last stage's copy of tied embeddings. */
-static int check_head(walker *w, const rs_meg_ttensor *tt)
+static int check_head(walker *w, const rs_torch_tensor *tt)
 {
 	rs_meg_reader *r = w->r;
 	const rs_tensor *we = r->st->word_emb >= 0
 		? &r->ck->catalog.tensors[r->st->word_emb] : NULL;
 
 	if (!we || tt->dtype != we->dtype || tt->ndim != 2 ||
-	    tt->size[1] != we->shape[1] ||
-	    tt->size[0] * (uint64_t)r->st->tp != we->shape[0]) {
+	    tt->shape[1] != we->shape[1] || we->shape[0] % r->st->tp ||
+	    tt->shape[0] != we->shape[0] / r->st->tp) {
 		rs_diag_add(r->d, "%s: word_embeddings_for_head.weight does not match the word embeddings",
 			    w->path);
 		return -EINVAL;
@@ -305,7 +304,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 	rs_meg_place place = RS_MEG_LAST;
 	bool first = w->p == 0 && w->c == 0;
 	bool last = w->p == P - 1 && w->c == V - 1;
-	rs_meg_ttensor tt;
+	rs_torch_tensor tt;
 	int lk = -1;
 
 	for (int i = 0; i < w->nkeys && lk < 0; i++)
@@ -330,7 +329,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 			    w->path, sizeof(name) - 1);
 		return -EINVAL;
 	}
-	if (rs_meg_read_tensor(v, w->z, &tt, &why)) {
+	if (rs_torch_tensor_read(w->z, v, &tt, &why)) {
 		rs_diag_add(r->d, "%s: %s %s", w->path, name, why);
 		return -EINVAL;
 	}
@@ -462,7 +461,6 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 			break;
 		}
 		w->c = c;
-		w->matched = 0;
 		memset(w->seen, 0, r->lpc ? r->lpc : 1);
 		if (t == 0)
 			r->group[g] = r->ck->catalog.count;

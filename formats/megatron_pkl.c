@@ -2,8 +2,8 @@
  *
  * Args (an argparse.Namespace) decide what the model walk cannot see -
  * virtual stages, layers per chunk, gating, tied embeddings - and must be
- * alike across ranks; tensors are torch.save's rebuild calls over storage
- * records, located and bounds-checked here (megatron.h).
+ * alike across ranks (megatron.h).  Tensors are read by
+ * formats/torch_tensor.h.
  */
 #include "formats/megatron.h"
 
@@ -14,130 +14,16 @@
 /* Far beyond real models; bounds what args may make the reader allocate. */
 #define RS_MEGATRON_MAX_LAYERS (1u << 16)
 
-static bool get_u64(const rs_pvalue *v, uint64_t *out)
-{
-	int64_t i;
-
-	if (rs_pv_int(v, &i) != 0 || i < 0)
-		return false;
-	*out = (uint64_t)i;
-	return true;
-}
-
-/* torch.Size((...)) or a tuple of non-negative ints. */
-static bool get_dims(const rs_pvalue *v, uint64_t *out, int *n)
-{
-	if (rs_pv_call_is(v, "torch.Size"))
-		v = rs_pv_item(rs_pv_args(v), 0);
-	if (rs_pv_kind(v) != RS_PV_TUPLE || rs_pv_len(v) > RS_MAX_DIMS)
-		return false;
-	*n = (int)rs_pv_len(v);
-	for (int i = 0; i < *n; i++)
-		if (!get_u64(rs_pv_item(v, (size_t)i), &out[i]))
-			return false;
-	return true;
-}
-
-static const rs_pvalue *unwrap_parameter(const rs_pvalue *v)
-{
-	/* nn.Parameter: _rebuild_parameter(tensor, requires_grad, hooks). */
-	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
-	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
-		return rs_pv_item(rs_pv_args(v), 0);
-	return v;
-}
-
 bool rs_meg_is_tensor(const rs_pvalue *v)
 {
-	v = unwrap_parameter(v);
+	/* nn.Parameter: _rebuild_parameter(tensor, requires_grad, hooks) */
+	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
+	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
+		v = rs_pv_item(rs_pv_args(v), 0);
 	return rs_pv_call_is(v, "torch._utils._rebuild_tensor_v2") ||
 	       rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
 }
 
-static rs_dtype torch_dtype(const rs_pvalue *g, bool storage)
-{
-	const char *mod = rs_pv_global_module(g);
-
-	if (!mod || strcmp(mod, "torch") != 0)
-		return RS_DTYPE_INVALID;
-	return rs_dtype_from_torch(rs_pv_global_name(g), storage);
-}
-
-/* _rebuild_tensor_v2(storage, storage_offset, size, stride, ...) over a
- * persistent id ('storage', torch.<X>Storage, key, location, numel), or v3
- * over an UntypedStorage with the dtype 7th: where the elements are in the
- * file, checked to lie inside the record data/<key>.  *why on failure. */
-int rs_meg_read_tensor(const rs_pvalue *v, const rs_zip *z, rs_meg_ttensor *out,
-		       const char **why)
-{
-	const rs_pvalue *args, *pid;
-	const rs_zip_entry *rec;
-	uint64_t numel, soff, last, bytes, e;
-	bool v3, empty = false;
-	const char *key;
-	char name[80];
-	int n2 = 0;
-
-	v = unwrap_parameter(v);
-	args = rs_pv_args(v);
-	pid = rs_pv_persid(rs_pv_item(args, 0));
-	key = rs_pv_str(rs_pv_item(pid, 2), NULL);
-	v3 = rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
-	if (!rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
-	    !get_u64(rs_pv_item(pid, 4), &numel) ||
-	    !get_u64(rs_pv_item(args, 1), &soff) ||
-	    !get_dims(rs_pv_item(args, 2), out->size, &out->ndim) ||
-	    !get_dims(rs_pv_item(args, 3), out->stride, &n2) ||
-	    n2 != out->ndim) {
-		*why = "is not a torch tensor over a storage";
-		return -EINVAL;
-	}
-	if (rs_pv_global_is(rs_pv_item(pid, 1), "torch.UntypedStorage") ||
-	    rs_pv_global_is(rs_pv_item(pid, 1), "torch.storage.UntypedStorage")) {
-		out->dtype = v3 ? torch_dtype(rs_pv_item(args, 6), false)
-				: RS_DTYPE_INVALID;
-		e = rs_dtype_size(out->dtype);
-		if (e && numel % e) {
-			*why = "has a storage that is not a whole number of elements";
-			return -EINVAL;
-		}
-		numel = e ? numel / e : 0;
-	} else {
-		out->dtype = v3 ? RS_DTYPE_INVALID
-				: torch_dtype(rs_pv_item(pid, 1), true);
-		e = rs_dtype_size(out->dtype);
-	}
-	if (!e) {
-		*why = "has a dtype reshardfs does not know";
-		return -EINVAL;
-	}
-	/* The last element reached must be inside the storage and the storage
-	 * inside its record; an empty tensor reaches none. */
-	last = soff;
-	for (int i = 0; i < out->ndim; i++) {
-		uint64_t step;
-
-		if (out->size[i] == 0) {
-			empty = true;
-			break;
-		}
-		if (!rs_mul_u64(out->size[i] - 1, out->stride[i], &step) ||
-		    !rs_add_u64(last, step, &last))
-			last = UINT64_MAX;
-	}
-	snprintf(name, sizeof(name), "data/%s", key);
-	rec = strlen(key) < 60 ? rs_zip_find(z, name) : NULL;
-	if (!rec || !rs_mul_u64(numel, e, &bytes) || bytes > rec->size ||
-	    (!empty && last >= numel)) {
-		*why = "has elements outside its storage record";
-		return -EINVAL;
-	}
-	out->offset = rec->offset + (empty ? 0 : soff * e);
-	return 0;
-}
-
-/* The DICT of a dict-like value (a dict, or OrderedDict(): its SETITEMS
- * items), an empty one reading as found with no pairs. */
 bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
 {
 	if (rs_pv_kind(v) == RS_PV_DICT) {

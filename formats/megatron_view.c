@@ -8,6 +8,7 @@
  * what rank t's ColumnParallelLinear holds.
  */
 #include "formats/megatron.h"
+#include "formats/torch_tensor.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -174,51 +175,6 @@ static int collect(builder *b)
 	return err;
 }
 
-/* torch.save's pickle of a dense tensor over storage `key`. */
-static void pw_tensor(rs_pwriter *w, rs_dtype dtype, const uint64_t *shape,
-		      int ndim, size_t key)
-{
-	const char *storage = rs_dtype_torch_storage(dtype);
-	uint64_t stride[RS_MAX_DIMS], numel = 1;
-	char name[24];
-
-	rs_c_strides(shape, ndim, stride);
-	for (int i = 0; i < ndim; i++)
-		numel *= shape[i];
-	snprintf(name, sizeof(name), "%zu", key);
-	rs_pw_global(w, "torch._utils",
-		     storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
-	rs_pw_tuple_begin(w);
-	rs_pw_tuple_begin(w);
-	rs_pw_cstr(w, "storage");
-	if (storage)
-		rs_pw_global(w, "torch", storage);
-	else
-		rs_pw_global(w, "torch.storage", "UntypedStorage");
-	rs_pw_cstr(w, name);
-	rs_pw_cstr(w, "cpu");
-	rs_pw_int(w, (int64_t)(storage ? numel : numel * rs_dtype_size(dtype)));
-	rs_pw_tuple_end(w);
-	rs_pw_persid(w);
-	rs_pw_int(w, 0);
-	rs_pw_tuple_begin(w);
-	for (int i = 0; i < ndim; i++)
-		rs_pw_int(w, (int64_t)shape[i]);
-	rs_pw_tuple_end(w);
-	rs_pw_tuple_begin(w);
-	for (int i = 0; i < ndim; i++)
-		rs_pw_int(w, (int64_t)stride[i]);
-	rs_pw_tuple_end(w);
-	rs_pw_bool(w, false);
-	rs_pw_global(w, "collections", "OrderedDict");
-	rs_pw_tuple_n(w, 0);
-	rs_pw_reduce(w);
-	if (!storage)
-		rs_pw_global(w, "torch", rs_dtype_torch_name(dtype));
-	rs_pw_tuple_end(w);
-	rs_pw_reduce(w);
-}
-
 /* Dict level `depth` of the items in[0, n) (all sharing keys[0, depth)),
  * keys in order of first appearance, a tensor where a path ends. */
 static int pw_level(builder *b, rs_pwriter *w, const size_t *in, size_t n,
@@ -249,10 +205,13 @@ static int pw_level(builder *b, rs_pwriter *w, const size_t *in, size_t n,
 			err = -EINVAL;
 		} else if (leaf) {
 			const item *it = &b->items[group[0]];
+			char record[24];
 
-			pw_tensor(w, b->l->targets[it->tensor].dtype, it->shape,
-				  b->ck->catalog.tensors[it->tensor].ndim,
-				  b->nkeys_written);
+			snprintf(record, sizeof(record), "%zu", b->nkeys_written);
+			rs_pw_torch_tensor(w, b->l->targets[it->tensor].dtype,
+					   it->shape,
+					   b->ck->catalog.tensors[it->tensor].ndim,
+					   record);
 			b->order[b->nkeys_written++] = group[0];
 		} else {
 			size_t *sub = malloc(m * sizeof(*sub));
@@ -587,6 +546,12 @@ int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		rs_diag_add(d, "%s: the megatron view needs a per-rank Megatron source (choose -o format=zarr or torch_dist)",
 			    ck->root_path);
 		return -EINVAL;
+	}
+	/* Without -o pp= (and vpp=), the source's pipeline layout. */
+	if (!l->pp_given) {
+		b.pp = b.st->pp;
+		if (!l->vpp_given)
+			b.vpp = b.st->vpp;
 	}
 	err = check_layout(&b);
 	if (!err)

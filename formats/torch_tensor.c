@@ -81,3 +81,46 @@ int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
 	*why = NULL;
 	return 0;
 }
+
+void rs_pw_torch_tensor(rs_pwriter *w, rs_dtype dtype, const uint64_t *shape,
+			int ndim, const char *key)
+{
+	const char *storage = rs_dtype_torch_storage(dtype);
+	uint64_t stride[RS_MAX_DIMS], numel = 1;
+
+	rs_c_strides(shape, ndim, stride);
+	for (int i = 0; i < ndim; i++)
+		numel *= shape[i];
+	rs_pw_global(w, "torch._utils",
+		     storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
+	rs_pw_tuple_begin(w);
+	/* the storage, by persistent id */
+	rs_pw_tuple_begin(w);
+	rs_pw_cstr(w, "storage");
+	if (storage)
+		rs_pw_global(w, "torch", storage);
+	else
+		rs_pw_global(w, "torch.storage", "UntypedStorage");
+	rs_pw_cstr(w, key);
+	rs_pw_cstr(w, "cpu");
+	rs_pw_int(w, (int64_t)(storage ? numel : numel * rs_dtype_size(dtype)));
+	rs_pw_tuple_end(w);
+	rs_pw_persid(w);
+	rs_pw_int(w, 0);
+	rs_pw_tuple_begin(w);
+	for (int i = 0; i < ndim; i++)
+		rs_pw_int(w, (int64_t)shape[i]);
+	rs_pw_tuple_end(w);
+	rs_pw_tuple_begin(w);
+	for (int i = 0; i < ndim; i++)
+		rs_pw_int(w, (int64_t)stride[i]);
+	rs_pw_tuple_end(w);
+	rs_pw_bool(w, false);
+	rs_pw_global(w, "collections", "OrderedDict");
+	rs_pw_tuple_n(w, 0);
+	rs_pw_reduce(w);
+	if (!storage)
+		rs_pw_global(w, "torch", rs_dtype_torch_name(dtype));
+	rs_pw_tuple_end(w);
+	rs_pw_reduce(w);
+}

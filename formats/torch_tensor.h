@@ -43,4 +43,13 @@ rs_dtype rs_torch_dtype(const rs_pvalue *g, bool storage);
 int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
 			 rs_torch_tensor *t, const char **why);
 
+/* Writes, as torch.save does, a dense C-order tensor of `shape` over the
+ * storage data/<key> (the caller writes that record): _rebuild_tensor_v2
+ * over the dtype's typed storage, or for a dtype without one (fp8)
+ * _rebuild_tensor_v3 over an UntypedStorage counted in bytes, with the
+ * dtype last.  The shape's element count must not overflow (the caller
+ * sized the record). */
+void rs_pw_torch_tensor(rs_pwriter *w, rs_dtype dtype, const uint64_t *shape,
+			int ndim, const char *key);
+
 #endif

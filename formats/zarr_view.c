@@ -264,6 +264,11 @@ static int view_blobs(rs_vtree *t, const rs_checkpoint *ck, rs_diag *d)
 int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		       rs_vtree *t, rs_diag *d)
 {
+	static const char zarr_meta[] =
+		"{\"sharded_backend\": \"zarr\", \"sharded_backend_version\": 1, "
+		"\"common_backend\": \"torch\", \"common_backend_version\": 1}";
+	bool dist = ck->format == RS_FORMAT_ZARR ||
+		    ck->format == RS_FORMAT_TORCH_DIST, has_meta = false;
 	uint32_t *node = calloc(ck->nentries ? ck->nentries : 1, sizeof(*node));
 	long *array_of = malloc((ck->nentries ? ck->nentries : 1) * sizeof(long));
 	int err = -ENOMEM;
@@ -282,13 +287,13 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 
 		if (e->hidden)
 			continue;
-		if (!e->is_dir && e->parent < 0 && ck->format != RS_FORMAT_ZARR &&
+		if (!e->is_dir && e->parent < 0 && dist &&
+		    strcmp(e->name, "metadata.json") == 0)
+			has_meta = true;
+		if (!e->is_dir && e->parent < 0 && dist &&
+		    ck->format != RS_FORMAT_ZARR &&
 		    strcmp(e->name, "metadata.json") == 0) {
 			/* The view is a zarr checkpoint whatever the source. */
-			static const char zarr_meta[] =
-				"{\"sharded_backend\": \"zarr\", \"sharded_backend_version\": 1, "
-				"\"common_backend\": \"torch\", \"common_backend_version\": 1}";
-
 			err = rs_vtree_add_file(t, parent, e->name, e->mtime,
 						&node[i]);
 			if (!err)
@@ -319,6 +324,18 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 					       node[i], d)
 				: view_stored(t, ck, arr, node[i]);
 		}
+	}
+	/* A source without metadata.json (plain DCP, per-rank, safetensors,
+	 * metaseq) gets the one that makes the view a dist checkpoint
+	 * (megatron-core's loader reads it first). */
+	if (!err && !has_meta) {
+		uint32_t file;
+
+		err = rs_vtree_add_file(t, 0, "metadata.json", ck->root_mtime,
+					&file);
+		if (!err)
+			err = rs_vtree_append_literal(t, file, zarr_meta,
+						      sizeof(zarr_meta) - 1);
 	}
 	/* A zarr source's arrays and ShardedObject files came with its
 	 * entries; other sources' tensors and byte items are laid out here. */

@@ -18,20 +18,27 @@ uint64_t rs_padded_vocab(uint64_t v, uint32_t div, uint32_t tp)
 /* Number of layers from non-stacked keys "decoder.layers.<N>." (max N+1). */
 static uint64_t layers_from_names(const rs_catalog *c)
 {
-	static const char pre[] = "decoder.layers.";
+	/* mcore and OPT, legacy Megatron, HF Llama */
+	static const char *const pres[] = {
+		"decoder.layers.", "language_model.encoder.layers.", "layers.",
+	};
 	uint64_t best = 0;
 
 	for (size_t i = 0; i < c->count; i++) {
 		const char *b = rs_rules_base_name(c->tensors[i].name);
-		char *end;
-		unsigned long long n;
 
-		if (strncmp(b, pre, sizeof(pre) - 1) != 0 ||
-		    !isdigit((unsigned char)b[sizeof(pre) - 1]))
-			continue;
-		n = strtoull(b + sizeof(pre) - 1, &end, 10);
-		if (*end == '.' && n + 1 > best)
-			best = n + 1;
+		for (size_t k = 0; k < sizeof(pres) / sizeof(pres[0]); k++) {
+			size_t n = strlen(pres[k]);
+			unsigned long long v;
+			char *end;
+
+			if (strncmp(b, pres[k], n) != 0 ||
+			    !isdigit((unsigned char)b[n]))
+				continue;
+			v = strtoull(b + n, &end, 10);
+			if (*end == '.' && v + 1 > best)
+				best = v + 1;
+		}
 	}
 	return best;
 }
@@ -198,6 +205,8 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 	out->layers = stacked ? stacked : layers_from_names(c);
 	out->pp = opts->pp ? opts->pp : 1;
 	out->vpp = opts->vpp ? opts->vpp : 1;
+	out->pp_given = opts->pp != 0;
+	out->vpp_given = opts->vpp != 0;
 	if (out->layers && out->vpp > 1 &&
 	    out->layers % ((uint64_t)out->pp * out->vpp)) {
 		rs_diag_add(d, "pp=%u vpp=%u: the checkpoint has %llu layers, which do not divide into %u x %u model chunks",

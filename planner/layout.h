@@ -64,6 +64,8 @@ typedef struct {
 	uint32_t tp;
 	uint32_t pp;
 	uint32_t vpp;           /* 1 unless given */
+	bool pp_given, vpp_given; /* per-rank views keep the source's
+				   * pipeline layout otherwise */
 	uint64_t layers;        /* 0 when no layer count was found */
 	rs_dtype dtype;         /* opts.dtype: INVALID when as stored */
 	rs_target *targets;     /* one per catalog tensor, same order */

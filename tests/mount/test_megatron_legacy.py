@@ -359,7 +359,7 @@ def test_tracker_names_missing_iteration(src, tmp_path, failing_mount):
 
 
 @pytest.mark.parametrize("opts,needle", [
-    (["pp=3"], "the checkpoint has 4 layers, which do not divide into 3 x 1"),
+    (["pp=3"], "the checkpoint has 4 layers, which do not divide into 3 pipeline stages"),
     (["pp=1", "vpp=2"], "vpp=2: virtual pipeline stages need pp > 1"),
     (["tp=3"], "cannot be split evenly"),
 ])
