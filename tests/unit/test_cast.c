@@ -28,6 +28,7 @@
 #include "gpu/cast_bits.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/source_file.h"
 
 static const rs_dtype floats[] = {
 	RS_DTYPE_F32, RS_DTYPE_BF16, RS_DTYPE_F16,
@@ -533,22 +534,7 @@ static uint8_t *content;
 
 static rs_sources *make_sources(void)
 {
-	rs_sources *s;
-	char path[64];
-	struct stat st;
-	rs_file_id id;
-	uint32_t idx;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/src", dir);
-	f = fopen(path, "wb");
-	CHECK(f && fwrite(content, 1, FILE_BYTES, f) == FILE_BYTES);
-	fclose(f);
-	stat(path, &st);
-	rs_file_id_from_stat(&id, &st);
-	CHECK(rs_sources_open(&s, dir) == 0);
-	CHECK(rs_sources_add(s, "src", &id, &idx) == 0 && idx == 0);
-	return s;
+	return rs_test_source(dir, "src", content, FILE_BYTES);
 }
 
 /* The uncast gather the ops describe (in `from`'s bytes, zeros where no

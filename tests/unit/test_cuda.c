@@ -24,6 +24,7 @@
 #include "gpu/cuda.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/source_file.h"
 
 #define FILE_BYTES (8u << 20)
 /* The CUDA lanes' buffers (gpu/cuda.c): result and stage bytes. */
@@ -100,23 +101,7 @@ static void make_content(void)
 
 static rs_sources *make_sources(const char *name)
 {
-	rs_sources *s;
-	char path[64];
-	struct stat st;
-	rs_file_id id;
-	uint32_t idx;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "wb");
-	CHECK(f && fwrite(content, 1, FILE_BYTES, f) == FILE_BYTES);
-	if (f)
-		fclose(f);
-	CHECK(stat(path, &st) == 0);
-	rs_file_id_from_stat(&id, &st);
-	CHECK(rs_sources_open(&s, dir) == 0);
-	CHECK(rs_sources_add(s, name, &id, &idx) == 0 && idx == 0);
-	return s;
+	return rs_test_source(dir, name, content, FILE_BYTES);
 }
 
 /* --- jobs --- */

@@ -13,6 +13,7 @@
 
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/source_file.h"
 
 #define FILE_BYTES (1u << 20)
 
@@ -80,22 +81,7 @@ static fake_dev *fake_new(int fail_at, uint64_t refuse_above, long delay_us)
 
 static rs_sources *make_sources(void)
 {
-	rs_sources *s;
-	char path[80];
-	struct stat st;
-	rs_file_id id;
-	uint32_t idx;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/src", dir);
-	f = fopen(path, "wb");
-	CHECK(f && fwrite(content, 1, FILE_BYTES, f) == FILE_BYTES);
-	fclose(f);
-	CHECK(stat(path, &st) == 0);
-	rs_file_id_from_stat(&id, &st);
-	CHECK(rs_sources_open(&s, dir) == 0);
-	CHECK(rs_sources_add(s, "src", &id, &idx) == 0 && idx == 0);
-	return s;
+	return rs_test_source(dir, "src", content, FILE_BYTES);
 }
 
 /* Runs one job of the given kind (strided or runs, 64 KiB) and checks its

@@ -12,6 +12,7 @@
 
 #include "planner/source.h"
 #include "tests/unit/check.h"
+#include "tests/unit/source_file.h"
 
 #define FILE_BYTES (256u << 10)
 
@@ -21,19 +22,7 @@ static uint8_t content[FILE_BYTES];
 
 static rs_sources *make_sources(void)
 {
-	rs_sources *s;
-	struct stat st;
-	rs_file_id id;
-	uint32_t idx;
-	FILE *f = fopen(path, "wb");
-
-	fwrite(content, 1, FILE_BYTES, f);
-	fclose(f);
-	stat(path, &st);
-	rs_file_id_from_stat(&id, &st);
-	CHECK(rs_sources_open(&s, dir) == 0);
-	CHECK(rs_sources_add(s, "src", &id, &idx) == 0 && idx == 0);
-	return s;
+	return rs_test_source(dir, "src", content, FILE_BYTES);
 }
 
 static struct timespec ctime_of(void)
