@@ -249,7 +249,7 @@ int rs_checkpoint_open(const char *root, const rs_open_opts *o,
 		err = rs_dcp_read(ck, d);
 		break;
 	case RS_FORMAT_MEGATRON:
-		err = rs_megatron_read(ck, d);
+		err = rs_megatron_read(ck, o->rules, d);
 		break;
 	case RS_FORMAT_METASEQ:
 		err = rs_metaseq_read(ck, o->params_file, d);

@@ -23,6 +23,7 @@
 #include "planner/catalog.h"
 #include "planner/diag.h"
 #include "planner/layout.h"
+#include "planner/rules.h"
 #include "planner/source.h"
 #include "planner/vtree.h"
 
@@ -38,6 +39,9 @@ typedef enum {
 
 /* What rs_checkpoint_open needs besides SOURCE. */
 typedef struct {
+	const rs_rules *rules;    /* sharding rules (user's first); NULL:
+				   * the built-ins.  Per-rank readers need
+				   * them to place each rank's copy */
 	const char *params_file;  /* -o params=FILE: names and shapes of a
 				   * metaseq checkpoint's flat params, when
 				   * its files lack shard_metadata */

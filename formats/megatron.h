@@ -31,7 +31,8 @@
  *     weight`).  Tensors under an `embedding` key belong to the first
  *     chunk, other non-layer tensors (final norm, output layer) to the
  *     last; one found elsewhere is refused.
- *   - TP: the built-in rules (planner/rules.h) name the split axis; rank
+ *   - TP: the sharding rules (-o rules= first, then planner/rules.c)
+ *     name the split axis; rank
  *     r's tensor is fragment r along it.  A gated dense_h_to_4h
  *     (args.swiglu) is [W_r; V_r] on rank r: two fragments, W_r at rows
  *     r*F/T and V_r at F + r*F/T of the global [W; V], so a view finds
@@ -89,7 +90,9 @@
 #include "formats/torchzip.h"
 #include "planner/rules.h"
 
-int rs_megatron_read(rs_checkpoint *ck, rs_diag *d);
+/* `rules` (may be NULL: the built-ins) decide each tensor's TP axis, so
+ * -o rules= places per-rank copies as it splits them. */
+int rs_megatron_read(rs_checkpoint *ck, const rs_rules *rules, rs_diag *d);
 int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			   rs_vtree *t, rs_diag *d);
 
@@ -141,7 +144,7 @@ typedef struct {
 	rs_checkpoint *ck;
 	rs_meg_state *st;
 	rs_diag *d;
-	const rs_rules *rules;  /* the built-ins: a tensor's split axis */
+	const rs_rules *rules;  /* a tensor's split axis (-o rules= first) */
 	bool gated;             /* args.swiglu */
 	uint64_t lpc;           /* layers per model chunk */
 	size_t *group;          /* [2*(p*V + c)]: catalog range [begin, end)

@@ -442,7 +442,8 @@ static int check_catalog(finder *f)
 	return err;
 }
 
-int rs_megatron_read(rs_checkpoint *ck, rs_diag *d)
+int rs_megatron_read(rs_checkpoint *ck, const rs_rules *user_rules,
+		     rs_diag *d)
 {
 	rs_meg_state *st = calloc(1, sizeof(*st));
 	finder f = { .ck = ck, .st = st, .d = d, .iter_entry = -1 };
@@ -478,9 +479,9 @@ int rs_megatron_read(rs_checkpoint *ck, rs_diag *d)
 	err = find_ranks(&f);
 	if (!err)
 		err = mark_entries(&f);
-	if (!err)
+	if (!err && !user_rules)
 		err = rs_rules_new(&rules);
-	r.rules = rules;
+	r.rules = user_rules ? user_rules : rules;
 	for (uint32_t p = 0; p < st->pp && !err; p++)
 		for (uint32_t t = 0; t < st->tp && !err; t++)
 			err = read_rank(&f, &r, p, t);

@@ -59,6 +59,7 @@ static int build(rs_fs *fs, const rs_options *o)
 		goto out;
 	if (o->rules && (err = rs_rules_load_json(rules, o->rules, d)))
 		goto out;
+	open_opts.rules = rules;
 	err = rs_checkpoint_open(o->source, &open_opts, &fs->ck, d);
 	if (err)
 		goto out;

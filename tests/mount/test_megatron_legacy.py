@@ -13,6 +13,7 @@ stages, gated bf16 MLPs, tied and untied embeddings, the old norm names,
 the iteration-directory and checkpoint-root forms, zarr and torch_dist
 views of a legacy source, cp -r, and refusals, one line each.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -244,6 +245,25 @@ def test_zarr_view(which, tp, src, gated, mount):
     qkv = zarr.open(str(m.mnt / "language_model.encoder.layers.1."
                         "self_attention.query_key_value.weight"), mode="r")
     assert qkv.chunks == (192 // tp, 64)
+
+
+def test_user_rules_reach_the_reader(src, mount, tmp_path):
+    """-o rules= decides how the reader places each rank's copy: a rule
+    calling dense_4h_to_h replicated makes the catalog take TP rank 0's
+    shard as the whole tensor (half the columns), where the built-in rule
+    merges both ranks."""
+    ckpt, oracle = src
+    name = "language_model.encoder.layers.0.mlp.dense_4h_to_h.weight"
+    full = np.load(oracle)[name]
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": [
+        {"match": "*mlp.dense_4h_to_h.weight", "split": "replicated"}]}))
+    m = mount(ckpt, ["format=zarr"])
+    assert zarr_values(m.mnt / name).shape == full.shape
+    m2 = mount(ckpt, ["format=zarr", f"rules={rules}"])
+    got = zarr_values(m2.mnt / name)
+    assert got.shape == (full.shape[0], full.shape[1] // 2)
+    assert np.array_equal(got, full[:, :full.shape[1] // 2])
 
 
 def test_torch_dist_view(gated, mount, tmp_path):
