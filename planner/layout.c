@@ -15,7 +15,7 @@ uint64_t rs_padded_vocab(uint64_t v, uint32_t div, uint32_t tp)
 	return rs_mul_u64(n, m, &n) ? n : 0;
 }
 
-/* Number of layers from non-stacked keys "decoder.layers.<N>." (max N+1). */
+/* Number of layers from non-stacked keys "<prefix><N>." (max N+1). */
 static uint64_t layers_from_names(const rs_catalog *c)
 {
 	/* mcore and OPT, legacy Megatron, HF Llama */
@@ -68,8 +68,8 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 			*stacked_layers = t->shape[0];
 		if (!r || r->split == RS_SPLIT_NONE)
 			continue;
-		/* Fragments off any grid (metaseq's FSDP pieces) count as one
-		 * stored chunk along every axis: fragmentation 1. */
+		/* Fragments off any grid (metaseq's FSDP pieces) are split
+		 * too: retarget takes such a tensor as merged. */
 		if (layer_axes + r->axis >= t->ndim) {
 			rs_diag_add(d, "%s: rule '%s' splits axis %d but the tensor has %d axes",
 				    t->name, r->match, layer_axes + r->axis,
