@@ -6,7 +6,9 @@
  *  - TP.  A split axis stored with fragmentation f under source TP s has
  *    fragmentation f/s*tp in the view.  f/s is the multiplier m (2 for a
  *    gated fc1, which stores [W; V] as 2*tp chunks).  The source TP is
- *    `src_tp` when given, else the smallest fragmentation of any split axis.
+ *    `src_tp` when given, else the smallest fragmentation of any split axis
+ *    of a tensor on a regular grid.  A tensor whose fragments lie off any
+ *    grid (FSDP pieces) is taken as merged: multiplier 1, tp parts.
  *  - Vocab.  The padded size is ceil(V/(div*tp))*div*tp when vocab_size V is
  *    given; otherwise the stored padded size, which must then divide by tp.
  *    Rows past the stored ones read as zeros (no fragment covers them).
