@@ -48,6 +48,7 @@
 #include "gpu/executor.h"
 #include "tests/cuda_emu/fake_cudart.h"
 #include "tests/unit/check.h"
+#include "tests/unit/job_waiter.h"
 
 #define FILE_BYTES (4u << 20)
 #define PATTERN 0x5A
@@ -120,9 +121,7 @@ typedef struct {
 	rs_dtype from, to;
 	uint8_t *dst, *want;
 	rs_exec_job job;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int calls, status;
+	rs_test_waiter w;       /* w.calls: times done was called */
 } tjob;
 
 enum {
@@ -161,17 +160,6 @@ static void reference(tjob *t)
 						  rs_load_f32_bits(t->from, src + e * sf));
 		}
 	}
-}
-
-static void on_done(rs_exec_job *job, int status)
-{
-	tjob *t = job->arg;
-
-	pthread_mutex_lock(&t->lock);
-	t->calls++;
-	t->status = status;
-	pthread_cond_broadcast(&t->cond);
-	pthread_mutex_unlock(&t->lock);
 }
 
 static tjob *tjob_new(int kind, uint64_t seed)
@@ -230,8 +218,6 @@ static tjob *tjob_new(int kind, uint64_t seed)
 	t->want = malloc(t->size);
 	memset(t->dst, PATTERN, t->size);
 	reference(t);
-	pthread_mutex_init(&t->lock, NULL);
-	pthread_cond_init(&t->cond, NULL);
 	t->job.ops = t->ops;
 	t->job.nops = t->nops;
 	t->job.dst = t->dst;
@@ -240,8 +226,7 @@ static tjob *tjob_new(int kind, uint64_t seed)
 	t->job.sources = sources;
 	t->job.from = t->from;
 	t->job.to = t->to;
-	t->job.done = on_done;
-	t->job.arg = t;
+	rs_test_waiter_init(&t->w, &t->job);
 	return t;
 }
 
@@ -249,20 +234,7 @@ static tjob *tjob_new(int kind, uint64_t seed)
  * fails the test at once. */
 static int tjob_wait(tjob *t)
 {
-	struct timespec until;
-	int status;
-
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 60;
-	pthread_mutex_lock(&t->lock);
-	while (t->calls == 0)
-		if (pthread_cond_timedwait(&t->cond, &t->lock, &until) == ETIMEDOUT) {
-			fprintf(stderr, "test_cuda_emu: a job did not finish in 60 s\n");
-			_exit(1);
-		}
-	status = t->status;
-	pthread_mutex_unlock(&t->lock);
-	return status;
+	return rs_test_waiter_wait(&t->w, 60, "test_cuda_emu");
 }
 
 static bool tjob_right(const tjob *t)
@@ -272,8 +244,7 @@ static bool tjob_right(const tjob *t)
 
 static void tjob_free(tjob *t)
 {
-	pthread_cond_destroy(&t->cond);
-	pthread_mutex_destroy(&t->lock);
+	rs_test_waiter_free(&t->w);
 	free(t->dst);
 	free(t->want);
 	free(t);
@@ -466,7 +437,7 @@ static void case_mid_run(void)
 		tjob *j = tjob_new(i % J_TOO_BIG, 100 + (uint64_t)i);
 
 		CHECK(b.ops->submit(b.impl, &j->job) == 0);
-		CHECK(tjob_wait(j) == 0 && j->calls == 1 && tjob_right(j));
+		CHECK(tjob_wait(j) == 0 && j->w.calls == 1 && tjob_right(j));
 		tjob_free(j);
 	}
 	CHECK(rs_cuda_last_error(b.impl) == NULL);
@@ -483,7 +454,7 @@ static void case_mid_run(void)
 	for (int i = 0; i < N; i++) {
 		int st = err[i] ? err[i] : tjob_wait(t[i]);
 
-		if (err[i] == -ENODEV && t[i]->calls == 0)
+		if (err[i] == -ENODEV && t[i]->w.calls == 0)
 			refused++;
 		else if (err[i] != 0)
 			bad++;
@@ -497,7 +468,7 @@ static void case_mid_run(void)
 	/* calls are counted once every job has ended: none may come twice */
 	usleep(20000);
 	for (int i = 0; i < N; i++) {
-		CHECK(t[i]->calls == (err[i] ? 0 : 1));
+		CHECK(t[i]->w.calls == (err[i] ? 0 : 1));
 		tjob_free(t[i]);
 	}
 	printf("  mid-run: %d right, %d -ENODEV, %d refused at submit, %d wrong\n",
@@ -510,7 +481,7 @@ static void case_mid_run(void)
 
 		CHECK(b.ops->submit(b.impl, &j->job) == -ENODEV);
 		usleep(10000);
-		CHECK(j->calls == 0);
+		CHECK(j->w.calls == 0);
 		tjob_free(j);
 	}
 	why = rs_cuda_last_error(b.impl);

@@ -24,6 +24,7 @@
 #include "gpu/cuda.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/job_waiter.h"
 #include "tests/unit/source_file.h"
 
 #define FILE_BYTES (8u << 20)
@@ -271,48 +272,11 @@ static void reference(const gen_job *j, uint8_t *dst)
 	}
 }
 
-typedef struct {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int calls;
-	int status;
-} waiter;
+typedef rs_test_waiter waiter;
 
-static void on_done(rs_exec_job *job, int status)
-{
-	waiter *w = job->arg;
-
-	pthread_mutex_lock(&w->lock);
-	w->calls++;
-	w->status = status;
-	pthread_cond_broadcast(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
-/* Waits for `done`; a job that never ends fails the test at once (a hung
- * device must not hang the run). */
 static int wait_job(waiter *w)
 {
-	struct timespec until;
-	int status;
-
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 120;
-	pthread_mutex_lock(&w->lock);
-	while (w->calls == 0)
-		if (pthread_cond_timedwait(&w->cond, &w->lock, &until) == ETIMEDOUT) {
-			fprintf(stderr, "test_cuda: a job did not finish in 120 s\n");
-			_exit(1);
-		}
-	status = w->status;
-	pthread_mutex_unlock(&w->lock);
-	return status;
-}
-
-static void waiter_free(waiter *w)
-{
-	pthread_cond_destroy(&w->cond);
-	pthread_mutex_destroy(&w->lock);
+	return rs_test_waiter_wait(w, 120, "test_cuda");
 }
 
 static void fill_job(rs_exec_job *job, const gen_job *j, uint8_t *dst,
@@ -327,12 +291,7 @@ static void fill_job(rs_exec_job *job, const gen_job *j, uint8_t *dst,
 	job->sources = s;
 	job->from = j->from;
 	job->to = j->to;
-	job->done = on_done;
-	job->arg = w;
-	pthread_mutex_init(&w->lock, NULL);
-	pthread_cond_init(&w->cond, NULL);
-	w->calls = 0;
-	w->status = 0;
+	rs_test_waiter_init(w, job);
 }
 
 /* Runs a job to its end on one backend: its status or submit's error. */
@@ -351,7 +310,7 @@ static int run_on(const backend *b, const gen_job *j, uint8_t *dst,
 		b->ops->help(b->impl, &job);
 	err = wait_job(&w);
 	CHECK(w.calls == 1);
-	waiter_free(&w);
+	rs_test_waiter_free(&w);
 	return err;
 }
 
@@ -473,7 +432,7 @@ static void *submitter(void *p)
 		for (int i = 0; i < DEPTH; i++) {
 			int bad = !submitted[i] || wait_job(&w[i]) != 0;
 
-			waiter_free(&w[i]);
+			rs_test_waiter_free(&w[i]);
 			if (bad) {
 				t->bad++;
 				continue;
@@ -556,7 +515,7 @@ static void throughput(rs_sources *s)
 				}
 				for (int i = 0; i < DEPTH; i++) {
 					failed += wait_job(&w[i]) != 0;
-					waiter_free(&w[i]);
+					rs_test_waiter_free(&w[i]);
 				}
 			}
 			dt = now_s() - t0;
@@ -583,7 +542,7 @@ static int submit_only(const gen_job *j, uint8_t *dst, rs_sources *s,
 	if (err == 0)
 		wait_job(&w);
 	*called = w.calls != 0;
-	waiter_free(&w);
+	rs_test_waiter_free(&w);
 	return err;
 }
 
@@ -618,7 +577,7 @@ static void refusals(rs_sources *s)
 		job.size = 20000;
 		job.from = job.to = RS_DTYPE_INVALID;
 		CHECK(cuda.ops->submit(cuda.impl, &job) == -E2BIG && w.calls == 0);
-		waiter_free(&w);
+		rs_test_waiter_free(&w);
 		free(many);
 	}
 	/* a cast row that is not whole elements */
