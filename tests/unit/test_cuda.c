@@ -690,6 +690,33 @@ static void bad_options(void)
 	CHECK(create_with(&o, &b, &lines, &line) == -EINVAL && lines == 1);
 }
 
+/* n random jobs on backend b (every other one an f32->bf16 cast when
+ * `casts`), each checked against the reference: the number wrong. */
+static int checked_jobs(const backend *b, rs_sources *s, uint64_t *seed,
+			int n, bool casts)
+{
+	gen_job *j = malloc(sizeof(*j));
+	uint8_t *want = malloc(RESULT_MAX), *got = malloc(RESULT_MAX);
+	int bad = 0;
+
+	CHECK(j && want && got);
+	for (int i = 0; i < n && j && want && got; i++) {
+		bool cast = casts && i % 2;
+
+		gen(seed, j, cast ? RS_DTYPE_F32 : RS_DTYPE_INVALID,
+		    cast ? RS_DTYPE_BF16 : RS_DTYPE_INVALID);
+		memset(want, PATTERN, j->size);
+		reference(j, want);
+		memset(got, PATTERN, j->size);
+		bad += run_on(b, j, got, s) != 0 ||
+		       memcmp(got, want, j->size) != 0;
+	}
+	free(j);
+	free(want);
+	free(got);
+	return bad;
+}
+
 static void options(rs_sources *s)
 {
 	rs_executor_opts o = { .kind = RS_EXECUTOR_CUDA };
@@ -697,8 +724,6 @@ static void options(rs_sources *s)
 	backend b;
 	size_t lines;
 	const char *line;
-	gen_job *j = malloc(sizeof(*j));
-	uint8_t *want = malloc(RESULT_MAX), *got = malloc(RESULT_MAX);
 	uint64_t seed = 77;
 
 	CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0);
@@ -718,22 +743,8 @@ static void options(rs_sources *s)
 	o.gpu_mem = 16u << 20;
 	CHECK(create_with(&o, &b, &lines, &line) == 0 && lines == 0);
 	if (lines == 0) {
-		backend keep = cuda;
-		int bad = 0;
-
-		cuda = b;
-		for (int i = 0; i < 20; i++) {
-			gen(&seed, j, i % 2 ? RS_DTYPE_F32 : RS_DTYPE_INVALID,
-			    i % 2 ? RS_DTYPE_BF16 : RS_DTYPE_INVALID);
-			memset(want, PATTERN, j->size);
-			reference(j, want);
-			memset(got, PATTERN, j->size);
-			bad += run_on(&cuda, j, got, s) != 0 ||
-			       memcmp(got, want, j->size) != 0;
-		}
-		CHECK(bad == 0);
+		CHECK(checked_jobs(&b, s, &seed, 20, true) == 0);
 		b.ops->destroy(b.impl);
-		cuda = keep;
 	}
 	/* every device, listed in reverse */
 	if (count > 1) {
@@ -743,26 +754,10 @@ static void options(rs_sources *s)
 			o.gpus[i] = (int)(o.ngpus - 1 - i);
 		CHECK(create_with(&o, &b, &lines, &line) == 0);
 		if (lines == 0) {
-			backend keep = cuda;
-			int bad = 0;
-
-			cuda = b;
-			for (int i = 0; i < 40; i++) {
-				gen(&seed, j, RS_DTYPE_INVALID, RS_DTYPE_INVALID);
-				memset(want, PATTERN, j->size);
-				reference(j, want);
-				memset(got, PATTERN, j->size);
-				bad += run_on(&cuda, j, got, s) != 0 ||
-				       memcmp(got, want, j->size) != 0;
-			}
-			CHECK(bad == 0);
+			CHECK(checked_jobs(&b, s, &seed, 40, false) == 0);
 			b.ops->destroy(b.impl);
-			cuda = keep;
 		}
 	}
-	free(j);
-	free(want);
-	free(got);
 }
 
 int main(int argc, char **argv)
