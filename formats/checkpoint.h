@@ -1,10 +1,13 @@
-/* checkpoint: a parsed SOURCE, whatever its format, and the view of it.
+/* checkpoint: the model every format shares - a parsed SOURCE, whatever
+ * its format - and the one walker that lists SOURCE into it.
  *
- * rs_checkpoint_open recognises the format (FORMATS.md §1: a Megatron dist
- * checkpoint has metadata.json naming its backend), parses all metadata
- * (never tensor data), and fills a catalog, the table of source files, and
- * the list of entries passed through unchanged.  rs_checkpoint_build_view
- * turns it plus a resolved layout into the virtual tree.
+ * A reader (one per folder under formats/, listed in formats/open.c) fills
+ * an rs_checkpoint from SOURCE: a catalog of tensors (planner/catalog.h),
+ * the table of source files their bytes live in (planner/source.h), the
+ * entries (every file and directory of SOURCE, for views to pass through)
+ * and the byte items (opaque blobs every view carries).  Metadata only:
+ * no tensor byte is read.  A view builder then turns the checkpoint plus a
+ * resolved layout into the virtual tree (planner/vtree.h).
  *
  * Errors: every problem found is reported to the diag list as one line
  * naming the file (or tensor) and what is wrong; the functions then return
@@ -27,17 +30,10 @@
 #include "planner/source.h"
 #include "planner/vtree.h"
 
-typedef enum {
-	RS_FORMAT_ZARR = 1,
-	RS_FORMAT_TORCH_DIST,
-	RS_FORMAT_MEGATRON,     /* legacy per-rank mp_rank_TT[_PPP] files
-				 * (formats/megatron.h) */
-	RS_FORMAT_METASEQ,      /* metaseq/fairscale flat shards, a source
-				 * only (formats/metaseq.h) */
-	RS_FORMAT_SAFETENSORS,  /* formats/safetensors.h */
-} rs_format;
+typedef struct rs_checkpoint rs_checkpoint;
 
-/* What rs_checkpoint_open needs besides SOURCE. */
+/* What a reader needs besides SOURCE (one struct for every reader, so
+ * that they share one signature). */
 typedef struct {
 	const rs_rules *rules;    /* sharding rules (user's first); NULL:
 				   * the built-ins.  Per-rank readers need
@@ -47,32 +43,57 @@ typedef struct {
 				   * its files lack shard_metadata */
 } rs_open_opts;
 
-/* A file or directory copied into the view unchanged.  `parent` is the
- * index of the enclosing passthrough directory, or -1 for SOURCE itself;
- * directories come before their contents. */
+/* What a top-level name of SOURCE says to a format's detector. */
+typedef enum {
+	RS_DETECT_NONE = 0,
+	RS_DETECT_FILES,        /* a name this format's files have; several
+				 * formats' files at once are refused */
+	RS_DETECT_MARKER,       /* decides alone (torch_dist's .metadata) */
+} rs_detect;
+
+/* One checkpoint format: a row of the format table (formats/open.c).
+ * Each format's folder defines its row; only the table lists them. */
+typedef struct {
+	const char *name;       /* as -o format=, logs and stats spell it */
+	/* Detection.  dist_backend: the "sharded_backend" of a Megatron dist
+	 * checkpoint's metadata.json that names this format (NULL: not a
+	 * dist format).  detect: what a top-level name of a SOURCE without
+	 * metadata.json says (NULL: nothing); looks_like says what it looks
+	 * for, for the refusal of a SOURCE no format claims. */
+	const char *dist_backend;
+	rs_detect (*detect)(const char *name, mode_t mode);
+	const char *looks_like;
+	/* Fills ck (ck->sources open, ck->format this row) from SOURCE. */
+	int (*read)(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d);
+	/* Builds this format's view of any checkpoint into t (initialised);
+	 * NULL: a source only. */
+	int (*build_view)(const rs_checkpoint *ck, const rs_layout *l,
+			  rs_vtree *t, rs_diag *d);
+	/* The view shown without -o format=: NULL for this format's own,
+	 * else the name of another row. */
+	const char *default_view;
+} rs_format_def;
+
+/* A file or directory of SOURCE.  `parent` is the index of the enclosing
+ * directory's entry, or -1 for SOURCE itself; directories come before
+ * their contents. */
 typedef struct {
 	char *name;
 	long parent;
 	bool is_dir;
 	uint32_t source;        /* files: index in the source table */
 	struct timespec mtime;
-	bool hidden;            /* replaced by what the view writes */
+	bool hidden;            /* the source format's own storage of its
+				 * tensors: replaced by what a view writes */
 	bool blob;              /* also listed as a byte item (rs_blob) */
 } rs_entry;
 
-/* A zarr array: a directory with a .zarray, chunk files and perhaps other
- * files (listed as entries whose parent is `dir_entry`). */
-typedef struct {
-	size_t tensor;          /* index in the catalog */
-	long dir_entry;         /* its directory in the entry list */
-	uint32_t zarray_source;
-	char *zarray_text;
-	size_t zarray_len;
-} rs_zarr_array;
-
-/* An opaque byte item of a torch_dist checkpoint (a ShardedObject,
- * `<key>/shard_<offsets>_<shape>`): bytes [offset, offset+length) of a
- * source file, carried into any view unchanged. */
+/* An opaque byte item (a Megatron ShardedObject, `<key>/shard_<offsets>_
+ * <shape>`): bytes [offset, offset+length) of a source file, carried into
+ * any view unchanged.  Shared by the model, not one format's: the zarr and
+ * torch_dist readers both find them, and the zarr and torch_dist views
+ * both write them (rs_checkpoint_append_blob converts between the two
+ * backends' forms). */
 typedef struct {
 	char *fqn;
 	uint32_t source;
@@ -80,26 +101,27 @@ typedef struct {
 	bool listed;            /* torch_dist's [object], not the bare object */
 } rs_blob;
 
-typedef struct {
-	rs_format format;
+struct rs_checkpoint {
+	const rs_format_def *format;
 	char *root_path;
 	struct timespec root_mtime;
 	rs_catalog catalog;
 	rs_sources *sources;
 	rs_entry *entries;
 	size_t nentries, cap_entries;
-	rs_zarr_array *arrays;
-	size_t narrays, cap_arrays;
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
-	/* What a format's reader keeps for its own view (the legacy
-	 * Megatron args, say), freed with extra_free at close. */
+	/* What a format's reader keeps for its own view (the legacy Megatron
+	 * args, the zarr array texts), freed with extra_free at close.  A
+	 * view reads it only when ck->format is its own format's row. */
 	void *extra;
 	void (*extra_free)(void *extra);
-} rs_checkpoint;
+};
 
-int rs_checkpoint_open(const char *root, const rs_open_opts *o,
-		       rs_checkpoint *ck, rs_diag *d);
+/* Sets up ck for SOURCE `root` (the path as given, trailing slashes cut):
+ * checks it is a directory, opens the source table on it.  Reported
+ * refusals give -EINVAL.  rs_checkpoint_close undoes it, also on error. */
+int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d);
 void rs_checkpoint_close(rs_checkpoint *ck);
 
 /* Reads the small metadata file `relpath` under SOURCE whole (beneath
@@ -111,25 +133,76 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d);
 
-/* Builds the view in format `view` (0: the source's own format). */
-int rs_checkpoint_build_view(const rs_checkpoint *ck, rs_format view,
-			     const rs_layout *l, rs_vtree *t, rs_diag *d);
-
 /* For views that write their own files beside the source's other files
  * (torch_dist, safetensors): adds every passthrough file of SOURCE to the
- * tree, under its directories - not hidden entries (what the source's
- * reader marked as replaced by the view), byte items, zarr array
- * directories, or a dist checkpoint's metadata.json. */
+ * tree, under its directories - not hidden entries, byte items, or a dist
+ * checkpoint's metadata.json. */
 int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
 
-/* Name of the format, for logs and stats; and back ("zarr",
- * "torch_dist", "megatron", "metaseq", "safetensors"), -EINVAL for an
- * unknown name. */
-const char *rs_format_name(rs_format f);
-int rs_format_parse(const char *name, rs_format *out);
+/* Appends byte item b to `file`, as a list item (`as_list`, torch_dist's
+ * form) or a bare object (zarr's), converting when b->listed differs
+ * (formats/codec/torch_object.h).  *length receives the bytes added. */
+int rs_checkpoint_append_blob(const rs_checkpoint *ck, const rs_blob *b,
+			      bool as_list, rs_vtree *t, uint32_t file,
+			      uint64_t *length, rs_diag *d);
 
-/* The view a source is shown as without -o format=: its own format, or
- * safetensors for metaseq shards. */
-rs_format rs_format_default_view(rs_format source);
+/* --- the SOURCE walker ---------------------------------------------------
+ *
+ * rs_checkpoint_walk lists SOURCE into ck->entries, names sorted within
+ * each directory, every regular file added to the source table with its
+ * identity.  A symbolic link is followed only to a file inside SOURCE;
+ * links to directories, special files, `.reshardfs` at the top (the
+ * mount's control directory) and nesting past RS_WALK_MAX_DEPTH are
+ * refused.  Each problem is one line; the walk goes on to report the rest
+ * and returns -EINVAL at the end. */
+
+#define RS_WALK_MAX_DEPTH 16
+
+/* A directory met by the walk. */
+typedef struct {
+	int fd;                 /* open on it (the walker closes it) */
+	const char *relpath;    /* beneath SOURCE */
+	const char *name;
+	long parent;            /* its parent's entry, -1: SOURCE */
+	const struct stat *st;
+	int depth;              /* of its contents */
+} rs_walk_dir;
+
+/* A reader's say in the walk (NULL: every directory is walked as it is).
+ * `directory` is asked first about each directory: 0 when it has listed
+ * the directory itself (a zarr array), RS_WALK_DESCEND to have it walked
+ * as a plain one, or a negative errno (reported: -EINVAL). */
+#define RS_WALK_DESCEND 1
+typedef struct rs_walk_hooks {
+	int (*directory)(rs_checkpoint *ck, const struct rs_walk_hooks *h,
+			 const rs_walk_dir *dir, rs_diag *d);
+	void *arg;
+} rs_walk_hooks;
+
+int rs_checkpoint_walk(rs_checkpoint *ck, const rs_walk_hooks *h,
+		       rs_diag *d);
+/* The walk of one directory's contents (open at dirfd, beneath SOURCE at
+ * relpath, its entry `parent`), for hooks that descend themselves. */
+int rs_checkpoint_walk_dir(rs_checkpoint *ck, const rs_walk_hooks *h,
+			   int dirfd, const char *relpath, long parent,
+			   int depth, rs_diag *d);
+
+/* The walker's steps, for hooks.  add_entry: one entry (*index receives
+ * its position; may be NULL).  add_file: a regular file to the source
+ * table (anything else reported, -EINVAL).  stat: `name` in dirfd, a
+ * symbolic link followed only inside SOURCE (reported, -EINVAL).
+ * list_dir: the sorted names of a directory but . and .. (free with
+ * rs_list_free).  join: "dir/name" (or "name") into out[PATH_MAX]. */
+int rs_checkpoint_add_entry(rs_checkpoint *ck, const char *name, long parent,
+			    bool is_dir, uint32_t source,
+			    const struct stat *st, long *index);
+int rs_checkpoint_add_file(rs_checkpoint *ck, const char *relpath,
+			   const struct stat *st, uint32_t *index,
+			   rs_diag *d);
+int rs_checkpoint_stat(const rs_checkpoint *ck, int dirfd, const char *name,
+		       const char *relpath, struct stat *st, rs_diag *d);
+int rs_list_dir(int dirfd, char ***names, size_t *count);
+void rs_list_free(char **names, size_t count);
+int rs_path_join(char *out, const char *dir, const char *name);
 
 #endif

@@ -93,8 +93,8 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
 		     rs_executor_name(fs->exec), exec,
 		     fs->layout.dtype ? rs_dtype_name(fs->layout.dtype) : "stored",
-		     rs_format_name(fs->ck.format),
-		     rs_format_name(fs->view_format),
+		     fs->ck.format->name,
+		     fs->view_format->name,
 		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,
 		     fs->tree.count, rs_sources_count(fs->ck.sources));
 	free(exec);

@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "formats/checkpoint.h"
+#include "formats/open.h"
 #include "fs/cache.h"
 #include "fs/prefetch.h"
 #include "gpu/executor.h"
@@ -40,7 +40,7 @@ struct rs_fs {
 	rs_cache *cache;
 	rs_prefetch *prefetch;
 	fuse_ino_t ctl_ino, stats_ino;
-	rs_format view_format;
+	const rs_format_def *view_format;
 	_Atomic uint64_t bytes_served;
 	_Atomic uint64_t reads;
 	_Atomic uint64_t read_errors;

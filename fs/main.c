@@ -67,7 +67,7 @@ static int build(rs_fs *fs, const rs_options *o)
 				&fs->layout, d);
 	if (err)
 		goto out_ck;
-	fs->view_format = o->view_format ? (rs_format)o->view_format
+	fs->view_format = o->view_format ? o->view_format
 					 : rs_format_default_view(fs->ck.format);
 	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
 				       &fs->tree, d);
@@ -78,7 +78,7 @@ static int build(rs_fs *fs, const rs_options *o)
 			rs_log(RS_LOG_DEBUG, "%s: no sharding rule; stored grid kept",
 			       fs->ck.catalog.tensors[i].name);
 	rs_log(RS_LOG_DEBUG, "%s: %s checkpoint, %zu tensors, source tp=%u, view tp=%u pp=%u, %u files",
-	       o->source, rs_format_name(fs->ck.format), fs->ck.catalog.count,
+	       o->source, fs->ck.format->name, fs->ck.catalog.count,
 	       fs->layout.src_tp, fs->layout.tp, fs->layout.pp, fs->tree.count);
 	goto out;
 

@@ -1,6 +1,6 @@
 #include "fs/options.h"
 
-#include "formats/checkpoint.h"
+#include "formats/open.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -277,14 +277,14 @@ int rs_options_validate(rs_options *o)
 		}
 	}
 	if (o->format_s) {
-		rs_format f;
+		o->view_format = rs_format_find_view(o->format_s);
+		if (!o->view_format) {
+			char names[128];
 
-		if (rs_format_parse(o->format_s, &f) != 0) {
-			fprintf(stderr, "reshardfs: -o format=%s: must be zarr, torch_dist, megatron or safetensors\n",
-				o->format_s);
+			rs_format_view_names(names, sizeof(names));
+			fprintf(stderr, "reshardfs: -o format=%s: must be %s\n",
+				o->format_s, names);
 			bad = -1;
-		} else {
-			o->view_format = (int)f;
 		}
 	}
 	if (o->cache_compress_s) {

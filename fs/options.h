@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "formats/checkpoint.h"
 #include "gpu/executor.h"
 #include "planner/layout.h"
 
@@ -21,7 +22,7 @@ typedef struct {
 	char *params;           /* -o params=FILE */
 	uint64_t cache_size;
 	bool cache_compress;
-	int view_format;        /* rs_format; 0: the source's own */
+	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
 	bool show_help;
 	bool show_version;

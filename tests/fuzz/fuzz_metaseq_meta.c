@@ -1,5 +1,5 @@
 /* fuzz_metaseq_meta: a metaseq shard's data.pkl, through the parts of the
- * metaseq reader that walk it (formats/metaseq_meta.c).
+ * metaseq reader that walk it (formats/metaseq/meta.c).
  *
  * The input is the pickle.  It is parsed with the metaseq allowlist; the
  * top-level dict's "shard_metadata" (or the root itself, when it is no
@@ -9,7 +9,7 @@
  * RS_MAX_DIMS sizes whose product is its numel, and a flat param's numels
  * add up to its total without overflow.
  */
-#include "formats/metaseq_int.h"
+#include "formats/metaseq/metaseq_int.h"
 #include "tests/fuzz/fuzz.h"
 
 #define WHERE "fuzz/model_part-0-shard0.pt"

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "formats/pickle.h"
+#include "formats/codec/pickle.h"
 #include "tests/fuzz/fuzz.h"
 
 /* Pointer set: open addressing, grown at half load. */

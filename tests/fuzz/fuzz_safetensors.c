@@ -14,7 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/checkpoint.h"
+#include "formats/open.h"
+#include "formats/safetensors/safetensors.h"
 #include "planner/plan.h"
 #include "planner/rules.h"
 #include "tests/fuzz/fuzz.h"
@@ -81,13 +82,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		rs_diag_free(d);
 		return 0;
 	}
-	RS_FUZZ_CHECK(ck.format == RS_FORMAT_SAFETENSORS);
+	RS_FUZZ_CHECK(ck.format == &rs_safetensors_format);
 	for (size_t i = 0; i < ck.catalog.count; i++)
 		check_tensor(&ck, &ck.catalog.tensors[i], size);
 	lo.tp = 1;
 	RS_FUZZ_CHECK(rs_rules_new(&rules) == 0);
 	if (rs_layout_resolve(&ck.catalog, rules, &lo, &l, d) == 0) {
-		err = rs_checkpoint_build_view(&ck, RS_FORMAT_SAFETENSORS, &l, &t, d);
+		err = rs_checkpoint_build_view(&ck, &rs_safetensors_format, &l, &t, d);
 		RS_FUZZ_CHECK(err == 0 || err == -EINVAL || err == -ENOMEM);
 		if (!err) {
 			uint32_t file;

@@ -3,7 +3,7 @@
  * The input is the whole .zarray.  rs_zarr_parse_meta must accept it or
  * refuse it with one line naming the file.  Whatever it said, the
  * byte-preserving rewrite the zarr view applies ("shape" and "chunks",
- * formats/json_text.h) must stay inside the text.  When the parse succeeded
+ * formats/codec/json_text.h) must stay inside the text.  When the parse succeeded
  * the rewrite is checked as the view relies on it: a rewritten text that
  * comes back must parse again, to exactly the new shape and chunks and the
  * same dtype, so a loader reading the view's .zarray sees the grid the
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/json_text.h"
-#include "formats/zarr.h"
+#include "formats/codec/json_text.h"
+#include "formats/zarr/zarr.h"
 #include "tests/fuzz/fuzz.h"
 
 #define PATH "a/.zarray"

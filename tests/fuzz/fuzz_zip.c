@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "formats/torchzip.h"
+#include "formats/codec/torchzip.h"
 #include "tests/fuzz/fuzz.h"
 
 /* Garbage around the embedded copy: the reader must not use it. */

@@ -36,7 +36,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import make_sample_checkpoint as msc  # noqa: E402
 
-# fuzz_dcp_meta.c splits its input at this marker.
+# fuzz_torch_dist_meta.c splits its input at this marker.
 MARKER = b"\nRSFUZZ-DISTCP\n"
 
 
@@ -161,10 +161,10 @@ def dcp_seeds():
     }
     for name, state in states.items():
         meta, distcp = dcp_save(state)
-        write("dcp_meta", name + ".seed", meta + MARKER + distcp)
+        write("torch_dist_meta", name + ".seed", meta + MARKER + distcp)
         write("pickle", "dcp_" + name + ".metadata", meta)
     # No .distcp at all: every item is missing.
-    write("dcp_meta", "plain_alone.seed", dcp_save(states["plain"])[0])
+    write("torch_dist_meta", "plain_alone.seed", dcp_save(states["plain"])[0])
 
 
 def wait_mounted(mnt, want, deadline):
@@ -201,7 +201,7 @@ def view_seeds(reshardfs, tmp):
             raise RuntimeError("reshardfs did not mount")
         parts = [Path(mnt, n).read_bytes()
                  for n in (".metadata", "__0_0.distcp", "__1_0.distcp")]
-        write("dcp_meta", "view_tp2.seed", MARKER.join(parts))
+        write("torch_dist_meta", "view_tp2.seed", MARKER.join(parts))
     finally:
         subprocess.run(["fusermount3", "-u", mnt], check=False)
         p.wait(timeout=10)

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/pickle.h"
+#include "formats/codec/pickle.h"
 #include "tests/unit/check.h"
 
 #define LIT(s) (const uint8_t *)(s), sizeof(s) - 1

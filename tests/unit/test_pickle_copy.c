@@ -1,4 +1,4 @@
-/* Unit tests of rs_pw_value (formats/pickle.h): parsed values written back.
+/* Unit tests of rs_pw_value (formats/codec/pickle.h): parsed values written back.
  *
  * Python pickles a varied object (protocol 2, as torch.save; and 4); our
  * reader parses it, rs_pw_value writes it again, and Python must unpickle
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/pickle.h"
+#include "formats/codec/pickle.h"
 #include "tests/unit/check.h"
 
 static const char *const allow[] = {

@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "formats/torchzip.h"
+#include "formats/codec/torchzip.h"
 #include "tests/unit/check.h"
 
 /* A Python with torch: $RS_TORCH_PYTHON, the repo's .venv-mcore, or the

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/json_text.h"
-#include "formats/zarr.h"
+#include "formats/codec/json_text.h"
+#include "formats/zarr/zarr.h"
 #include "tests/unit/check.h"
 
 static const char good[] =

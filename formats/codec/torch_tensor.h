@@ -1,0 +1,55 @@
+/* torch_tensor: a tensor inside a torch.save data.pkl (FORMATS.md §4).
+ *
+ * torch.save pickles a tensor as _rebuild_tensor_v2(storage, offset, size,
+ * stride, ...) over a typed storage (FloatStorage, ...), or, for dtypes
+ * without one (fp8), _rebuild_tensor_v3(..., dtype) over an UntypedStorage
+ * that counts bytes; an nn.Parameter wraps either in _rebuild_parameter.
+ * The storage is a persistent id ('storage', class, key, location, numel)
+ * whose bytes are the zip record data/<key>.
+ *
+ * rs_torch_tensor_read checks everything against the zip: the storage
+ * record exists, holds numel elements, and every element the sizes and
+ * strides reach lies inside it (an empty tensor reaches none, and its
+ * storage may be empty).  Sizes are overflow-checked.  Returns 0, or
+ * -EINVAL with *why a fixed phrase for the caller's line:
+ *   "is not one torch tensor", "has a dtype reshardfs does not know",
+ *   "has elements outside their storage".
+ */
+#ifndef RS_TORCH_TENSOR_H
+#define RS_TORCH_TENSOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "formats/codec/pickle.h"
+#include "formats/codec/torchzip.h"
+#include "planner/box.h"
+#include "planner/dtype.h"
+
+typedef struct {
+	rs_dtype dtype;
+	int ndim;
+	uint64_t shape[RS_MAX_DIMS];
+	uint64_t stride[RS_MAX_DIMS];  /* elements */
+	uint64_t offset;   /* of the first element, from the zip's first byte
+			    * (the storage record's start when empty) */
+	bool empty;        /* some extent is 0 */
+} rs_torch_tensor;
+
+/* A torch.<name> global as a dtype: torch.float32 and the like, or with
+ * `storage` a typed storage class (torch.FloatStorage); INVALID else. */
+rs_dtype rs_torch_dtype(const rs_pvalue *g, bool storage);
+
+int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
+			 rs_torch_tensor *t, const char **why);
+
+/* Writes, as torch.save does, a dense C-order tensor of `shape` over the
+ * storage data/<key> (the caller writes that record): _rebuild_tensor_v2
+ * over the dtype's typed storage, or for a dtype without one (fp8)
+ * _rebuild_tensor_v3 over an UntypedStorage counted in bytes, with the
+ * dtype last.  The shape's element count must not overflow (the caller
+ * sized the record). */
+void rs_pw_torch_tensor(rs_pwriter *w, rs_dtype dtype, const uint64_t *shape,
+			int ndim, const char *key);
+
+#endif

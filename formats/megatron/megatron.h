@@ -1,0 +1,89 @@
+/* megatron: legacy Megatron-LM / NeMo per-rank checkpoints (docs/FORMATS.md, "Legacy Megatron"),
+ * as a source and as a view.
+ *
+ * SOURCE is either an iteration directory holding `mp_rank_TT[_PPP]/`
+ * directories, or the checkpoint root holding
+ * `latest_checkpointed_iteration.txt` and `iter_XXXXXXX/` (or `release/`):
+ * the tracker names the iteration read; other iteration directories are
+ * not shown by any view.
+ *
+ * Reader.  Every (tp, pp) rank must have `mp_rank_TT[_PPP]/
+ * model_optim_rng.pt`, the PP suffix on all of them or none.  Each is a
+ * torch.save zip; its data.pkl is parsed by the restricted pickle reader
+ * with rs_megatron_allow (torch, the argparse Namespace and the numpy,
+ * Megatron enum and rerun-state classes real args and rng states hold;
+ * any other GLOBAL refuses the mount).  The dict holds `args`,
+ * `checkpoint_version` (2.0 or later: older ones order query/key/value
+ * per rank differently), `iteration`, `model` (or `model0`.. `model<V-1>`
+ * with V virtual stages) and the state this reader leaves out
+ * (`optimizer`, `opt_param_scheduler`, `rng_state`, `rerun_state_machine`).
+ *   - args must be an argparse.Namespace; its tensor/pipeline/virtual
+ *     sizes must match the directories and model keys, num_layers must
+ *     divide into P*V chunks; uneven pipelines (standalone embedding
+ *     stage, first/last stage layer counts, a pipeline layout) and
+ *     expert parallelism (`mp_rank_TT_PPP_EEE`) are refused.
+ *   - model dicts (plain dicts or state_dict OrderedDicts, nested at most
+ *     RS_MEGATRON_MAX_NESTING deep) hold tensors only.  A key
+ *     `layers.<n>.<rest>` is layer n of its chunk: chunk c of stage p
+ *     numbers layer (c*P + p)*L/(P*V) + n globally.  A tensor becomes the
+ *     catalog tensor named by its keys joined with '.' and the global
+ *     layer number (`language_model.encoder.layers.5.mlp.dense_4h_to_h.
+ *     weight`).  Tensors under an `embedding` key belong to the first
+ *     chunk, other non-layer tensors (final norm, output layer) to the
+ *     last; one found elsewhere is refused.
+ *   - TP: the sharding rules (-o rules= first, then planner/rules.c)
+ *     name the split axis; rank
+ *     r's tensor is fragment r along it.  A gated dense_h_to_4h
+ *     (args.swiglu) is [W_r; V_r] on rank r: two fragments, W_r at rows
+ *     r*F/T and V_r at F + r*F/T of the global [W; V], so a view finds
+ *     the multiplier 2 in the grid.  Replicated tensors are read from TP
+ *     rank 0; every rank must hold them with the same shape and dtype.
+ *     With T > 1 a tensor no rule knows is refused (its copies could be
+ *     shards or replicas).  `word_embeddings_for_head` of tied weights is
+ *     a copy of the word embeddings: checked, not catalogued.
+ *   - Tensors are read with formats/codec/torch_tensor.h; a dict met twice
+ *     (the pickle memo can share one) is refused, so a small file cannot
+ *     name exponentially many tensors.
+ *   - Refused with one line naming the file: a missing rank or
+ *     model_optim_rng.pt, a zip or pickle that does not parse, an unknown
+ *     GLOBAL, iterations, versions or sizes that differ between ranks, a
+ *     tensor one rank has and another lacks, shapes that do not tile,
+ *     a layer missing from its chunk, tensor bytes outside their record.
+ * The rank directories (and in the root form the iteration directories)
+ * are hidden from other views; every other file is passed through.
+ *
+ * View (`-o format=megatron`): for every rank of (tp, pp) a file
+ * `mp_rank_TT[_PPP]/model_optim_rng.pt` (PP suffix only when pp > 1), in
+ * the iteration directory the source had (with its tracker file) or at the
+ * top.  Each is a torch.save zip (records as torch writes them, CRC 0 in
+ * the tensor records: torch.load ignores CRCs) whose data.pkl is {'args':
+ * the source's Namespace with tensor_model_parallel_size,
+ * pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
+ * num_layers_per_virtual_pipeline_stage, padded_vocab_size (and the old
+ * model_parallel_size, transformer_pipeline_model_parallel_size when
+ * present) rewritten, 'checkpoint_version', 'iteration',
+ * 'num_floating_point_operations_so_far' as stored, 'model' (or model0..
+ * with vpp > 1)}.  Values are written back with rs_pw_value allowing only
+ * the GLOBALs args hold (the Namespace, torch dtypes, Megatron enums,
+ * PosixPath, SimpleNamespace, set): a source naming any other callable
+ * there is refused rather than handed to a weights_only=False loader.
+ * args come from TP rank 0 of stage 0 (its rank/local_rank fields too).
+ * Models nest as in the source, in Megatron's order, layers numbered per
+ * chunk, embeddings in the first chunk, final norm and output layer in
+ * the last, `word_embeddings_for_head` in the last chunk when weights are
+ * tied and it is not also the first.  Each tensor record holds exactly the
+ * rank's shard (a gated dense_h_to_4h: W_r then V_r), in the view's dtype.
+ * Optimizer, scheduler, rng and rerun state are left out: load with
+ * --no-load-optim --no-load-rng (or --finetune).  vpp > 1 needs pp > 1.
+ *
+ * Errors: as checkpoint.h (lines to the diag list, then -EINVAL).
+ */
+#ifndef RS_MEGATRON_H
+#define RS_MEGATRON_H
+
+#include "formats/checkpoint.h"
+
+/* The megatron row of the format table. */
+extern const rs_format_def rs_megatron_format;
+
+#endif

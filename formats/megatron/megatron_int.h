@@ -1,0 +1,106 @@
+/* megatron_int: what the legacy Megatron reader's and view's files share;
+ * private to formats/megatron/ (megatron.h is the module's contract).
+ *
+ *   read.c    finds the iteration and the rank files, drives the merge
+ *   args.c    the rank files' args and top-level dicts
+ *   model.c   walks one rank file's model dicts into the catalog
+ *   view.c    the per-rank view
+ */
+#ifndef RS_MEGATRON_INT_H
+#define RS_MEGATRON_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "formats/checkpoint.h"
+#include "formats/codec/pickle.h"
+#include "formats/codec/torch_tensor.h"
+#include "formats/codec/torchzip.h"
+#include "planner/rules.h"
+
+/* o->rules (may be NULL: the built-ins) decide each tensor's TP axis, so
+ * -o rules= places per-rank copies as it splits them. */
+int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d);
+int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			   rs_vtree *t, rs_diag *d);
+
+/* GLOBALs a legacy checkpoint's data.pkl may hold. */
+extern const char *const rs_megatron_allow[];
+
+#define RS_MEGATRON_MAX_NESTING 8
+
+/* Where a catalogued tensor sits in a model dict. */
+typedef enum {
+	RS_MEG_FIRST,   /* the first model chunk (embeddings) */
+	RS_MEG_LAST,    /* the last (final norm, output layer) */
+	RS_MEG_LAYER,   /* the chunk holding its layer */
+} rs_meg_place;
+
+typedef struct {
+	char **keys;    /* dict keys from model[<chunk>] down to the tensor;
+			 * keys[layer_key] is the part after "layers.<n>." */
+	int nkeys;
+	int layer_key;  /* -1: no layer */
+	int axis;       /* the source's TP split axis, -1: replicated */
+	uint64_t layer; /* global layer number */
+	rs_meg_place place;
+} rs_meg_tensor;
+
+/* Reader state the view needs (rs_checkpoint.extra). */
+typedef struct {
+	rs_pickle *pk;          /* data.pkl of TP rank 0, stage 0 */
+	const rs_pvalue *top;   /* its top-level dict */
+	const rs_pvalue *args;  /* its args (an argparse.Namespace object) */
+	uint32_t tp, pp, vpp;
+	uint64_t layers;
+	bool tied;              /* word embeddings double as the output layer */
+	long word_emb;          /* catalog index of the word embeddings, -1 */
+	char *iter_dir;         /* root form: "iter_0000100" or "release";
+				 * NULL when SOURCE is the iteration directory */
+	bool *carry;            /* per entry: the megatron view copies it */
+	rs_meg_tensor *tensors; /* per catalog tensor */
+	size_t ntensors;
+} rs_meg_state;
+
+void rs_meg_state_free(void *state);
+
+/* The reader while it merges rank files (read.c drives,
+ * model.c walks one file's model dicts). */
+typedef struct {
+	rs_checkpoint *ck;
+	rs_meg_state *st;
+	rs_diag *d;
+	const rs_rules *rules;  /* a tensor's split axis (-o rules= first) */
+	bool gated;             /* args.swiglu */
+	uint64_t lpc;           /* layers per model chunk */
+	size_t *group;          /* [2*(p*V + c)]: catalog range [begin, end)
+				 * of the tensors of chunk c of stage p */
+	uint32_t *filled;       /* per catalog tensor: ranks that held it */
+	size_t cap_tensors, cap_filled;
+} rs_meg_reader;
+
+/* args.c.  A torch.save tensor (_rebuild_tensor_v2/v3, perhaps in
+ * _rebuild_parameter), read with rs_torch_tensor_read. */
+bool rs_meg_is_tensor(const rs_pvalue *v);
+/* A dict, or an OrderedDict (*pairs its items: NULL when empty). */
+bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
+/* The first rank file's args (r->st->top set): fills st->args, layers,
+ * vpp, tied and r->lpc, r->gated; refuses (reported, -EINVAL) what the
+ * reader cannot map and checkpoint versions before 2.0.  st->tp and
+ * st->pp come from the directories and must match. */
+int rs_meg_read_args(rs_meg_reader *r, const char *path);
+/* Another rank file (its top-level dict): the same iteration, version
+ * and layout args as the first. */
+int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
+		      const char *path);
+
+/* Merges the model chunks of one rank file: `top` is its parsed data.pkl
+ * (a dict), `z` its zip (tensor records), `src` its source index, `path`
+ * its name for messages.  TP rank 0 of a stage adds the chunk's tensors
+ * to the catalog; other ranks fill their fragments and must hold the same
+ * tensors.  Files go stage by stage, TP rank 0 first. */
+int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z,
+		    const rs_pvalue *top, uint32_t p, uint32_t t, uint32_t src,
+		    const char *path);
+
+#endif

@@ -1,0 +1,479 @@
+/* Legacy Megatron reader, one rank file: model dicts -> catalog fragments.
+ *
+ * The model of a rank is what megatron/legacy/model's
+ * state_dict_for_save_checkpoint returns: dicts (plain, or the
+ * OrderedDicts of module.state_dict()) down to tensors.  Each tensor is
+ * found by its keys; TP rank 0 of a stage creates the catalog tensor and
+ * the other ranks must hold the same one, in the same dtype and local
+ * shape, adding their fragment along the split axis.
+ */
+#include "formats/megatron/megatron.h"
+#include "formats/megatron/megatron_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/array.h"
+
+/* Model dicts one file may hold.  A real rank file has a handful; the
+ * bound keeps the check below cheap. */
+#define RS_MEG_MAX_DICTS 4096
+
+/* The walk of one file's model chunk. */
+typedef struct {
+	rs_meg_reader *r;
+	const rs_zip *z;
+	uint32_t p, c, t, src;
+	const char *path;
+	const char *keys[RS_MEGATRON_MAX_NESTING];
+	int nkeys;
+	size_t next;            /* ranks > 0: the catalog index expected next */
+	uint8_t *seen;          /* rank 0: layers of the chunk found */
+	const rs_pvalue *dicts[RS_MEG_MAX_DICTS];   /* dicts walked so far */
+	size_t ndicts;
+} walker;
+
+/* "layers.<n>.<rest>": n, and where rest starts. */
+static bool layer_key(const char *k, uint64_t *n, const char **rest)
+{
+	static const char pre[] = "layers.";
+	const char *s = k + sizeof(pre) - 1;
+	uint64_t v = 0;
+	int digits = 0;
+
+	if (strncmp(k, pre, sizeof(pre) - 1) != 0)
+		return false;
+	for (; *s >= '0' && *s <= '9' && digits < 10; s++, digits++)
+		v = v * 10 + (uint64_t)(*s - '0');
+	if (!digits || *s != '.' || !s[1])
+		return false;
+	*n = v;
+	*rest = s + 1;
+	return true;
+}
+
+/* The catalog name of the tensor at w->keys, with its global layer. */
+static int flat_name(const walker *w, int lk, uint64_t layer,
+		     const char *rest, char *out, size_t size)
+{
+	size_t at = 0;
+
+	for (int i = 0; i < w->nkeys; i++) {
+		int n = i == lk
+			? snprintf(out + at, size - at, "%slayers.%llu.%s",
+				   i ? "." : "", (unsigned long long)layer, rest)
+			: snprintf(out + at, size - at, "%s%s", i ? "." : "",
+				   w->keys[i]);
+
+		if (n < 0 || (size_t)n >= size - at)
+			return -ENAMETOOLONG;
+		at += (size_t)n;
+	}
+	return 0;
+}
+
+static void frag_set(rs_fragment *f, const rs_torch_tensor *tt, uint32_t src,
+		     const uint64_t *off, const uint64_t *len, uint64_t offset)
+{
+	f->box.ndim = tt->ndim;
+	memcpy(f->box.off, off, sizeof(f->box.off));
+	memcpy(f->box.len, len, sizeof(f->box.len));
+	memcpy(f->stride, tt->stride, sizeof(f->stride));
+	f->source = src;
+	f->offset = offset;
+}
+
+/* Rank t's fragment(s) of tensor `ten` (split along `axis`, or -1). */
+static int place_rank(walker *w, rs_tensor *ten, int axis,
+		      const rs_torch_tensor *tt)
+{
+	uint32_t T = w->r->st->tp, t = w->t;
+	uint64_t off[RS_MAX_DIMS] = { 0 }, len[RS_MAX_DIMS];
+	uint64_t half, skip;
+
+	memcpy(len, tt->shape, sizeof(len));
+	if (axis < 0) {
+		frag_set(&ten->frags[0], tt, w->src, off, len, tt->offset);
+		return 0;
+	}
+	if (ten->nfrags == T) {
+		off[axis] = (uint64_t)t * tt->shape[axis];
+		frag_set(&ten->frags[t], tt, w->src, off, len, tt->offset);
+		return 0;
+	}
+	/* gated: rows [0, half) are W_t, [half, 2*half) V_t */
+	half = tt->shape[0] / 2;
+	len[0] = half;
+	off[0] = (uint64_t)t * half;
+	frag_set(&ten->frags[t], tt, w->src, off, len, tt->offset);
+	off[0] = (uint64_t)T * half + (uint64_t)t * half;
+	if (!rs_mul_u64(half, tt->stride[0], &skip) ||
+	    !rs_mul_u64(skip, rs_dtype_size(tt->dtype), &skip) ||
+	    !rs_add_u64(skip, tt->offset, &skip))
+		return -EOVERFLOW;
+	frag_set(&ten->frags[T + t], tt, w->src, off, len, half ? skip : tt->offset);
+	return 0;
+}
+
+static bool is_gated_name(const char *name)
+{
+	size_t n = strlen(name);
+	static const char *const ends[] = { "mlp.dense_h_to_4h.weight",
+					    "mlp.dense_h_to_4h.bias" };
+
+	for (int i = 0; i < 2; i++) {
+		size_t m = strlen(ends[i]);
+
+		if (n >= m && strcmp(name + n - m, ends[i]) == 0 &&
+		    (n == m || name[n - m - 1] == '.'))
+			return true;
+	}
+	return false;
+}
+
+/* Split axis of a catalog name (-1: replicated) by the built-in rules;
+ * -EINVAL (reported) when the rule does not fit or no rule knows a tensor
+ * that T > 1 ranks each hold a copy of. */
+static int split_axis(walker *w, const char *name, const rs_torch_tensor *tt,
+		      int *axis)
+{
+	int layer_axes = 0;
+	const rs_rule *rule = rs_rules_match(w->r->rules, name, &layer_axes);
+
+	*axis = -1;
+	if (!rule) {
+		if (w->r->st->tp == 1)
+			return 0;
+		rs_diag_add(w->r->d, "%s: %s: no sharding rule knows this tensor, so its %u per-rank copies cannot be merged",
+			    w->path, name, w->r->st->tp);
+		return -EINVAL;
+	}
+	if (rule->split == RS_SPLIT_NONE)
+		return 0;
+	*axis = layer_axes + rule->axis;
+	if (*axis >= tt->ndim) {
+		rs_diag_add(w->r->d, "%s: %s: rule '%s' splits axis %d, but the tensor has %d axes",
+			    w->path, name, rule->match, *axis, tt->ndim);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
+		    const char *rest, rs_meg_place place, int axis)
+{
+	rs_meg_reader *r = w->r;
+	rs_meg_tensor *mt;
+	int err = rs_array_reserve(&r->st->tensors, &r->cap_tensors, index + 1,
+				   sizeof(rs_meg_tensor));
+
+	if (!err)
+		err = rs_array_reserve(&r->filled, &r->cap_filled, index + 1,
+				       sizeof(*r->filled));
+	if (err)
+		return err;
+	r->filled[index] = 1;
+	mt = &r->st->tensors[index];
+	memset(mt, 0, sizeof(*mt));
+	r->st->ntensors = index + 1;
+	mt->keys = calloc((size_t)w->nkeys, sizeof(char *));
+	if (!mt->keys)
+		return -ENOMEM;
+	mt->nkeys = w->nkeys;
+	for (int i = 0; i < w->nkeys; i++) {
+		mt->keys[i] = strdup(i == lk ? rest : w->keys[i]);
+		if (!mt->keys[i])
+			return -ENOMEM;
+	}
+	mt->layer_key = lk;
+	mt->axis = axis;
+	mt->layer = layer;
+	mt->place = place;
+	return 0;
+}
+
+/* Rank 0 of a stage: a new catalog tensor. */
+static int create(walker *w, const char *name, const rs_torch_tensor *tt,
+		  int lk, uint64_t layer, const char *rest, rs_meg_place place)
+{
+	rs_meg_reader *r = w->r;
+	uint32_t T = r->st->tp;
+	uint64_t shape[RS_MAX_DIMS];
+	size_t index, nfrags = 1;
+	int axis, err;
+	bool gated = false;
+
+	err = split_axis(w, name, tt, &axis);
+	if (err)
+		return err;
+	memcpy(shape, tt->shape, sizeof(shape));
+	if (axis >= 0) {
+		gated = r->gated && axis == 0 && is_gated_name(name);
+		if (gated && tt->shape[0] % 2) {
+			rs_diag_add(r->d, "%s: %s: a gated (swiglu) tensor of %llu rows, not [W; V] halves",
+				    w->path, name, (unsigned long long)tt->shape[0]);
+			return -EINVAL;
+		}
+		nfrags = gated ? 2 * (size_t)T : T;
+		if (!rs_mul_u64(shape[axis], T, &shape[axis])) {
+			rs_diag_add(r->d, "%s: %s: global size overflows", w->path,
+				    name);
+			return -EINVAL;
+		}
+	}
+	err = rs_catalog_add_fragments(&r->ck->catalog, name, tt->dtype,
+				       tt->ndim, shape, nfrags, &index);
+	if (err) {
+		rs_diag_add(r->d, "%s: %s: shape too large", w->path, name);
+		return -EINVAL;
+	}
+	err = rs_catalog_set_origin(&r->ck->catalog, index, w->path);
+	if (!err)
+		err = add_meta(w, index, lk, layer, rest, place, axis);
+	if (!err)
+		err = place_rank(w, &r->ck->catalog.tensors[index], axis, tt);
+	return err;
+}
+
+/* Ranks > 0: the tensor must be rank 0's, dtype and shape alike. */
+static int match(walker *w, const char *name, const rs_torch_tensor *tt)
+{
+	rs_meg_reader *r = w->r;
+	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
+	size_t begin = r->group[g], end = r->group[g + 1], i = w->next;
+	uint64_t want[RS_MAX_DIMS];
+	rs_tensor *ten;
+	int axis;
+
+	if (i >= end || strcmp(r->ck->catalog.tensors[i].name, name) != 0)
+		for (i = begin; i < end; i++)
+			if (strcmp(r->ck->catalog.tensors[i].name, name) == 0)
+				break;
+	if (i >= end) {
+		rs_diag_add(r->d, "%s: holds %s, which TP rank 0 of its stage lacks",
+			    w->path, name);
+		return -EINVAL;
+	}
+	ten = &r->ck->catalog.tensors[i];
+	axis = r->st->tensors[i].axis;
+	memcpy(want, ten->shape, sizeof(want));
+	if (axis >= 0)
+		want[axis] /= r->st->tp;   /* the global shape is T local ones */
+	if (tt->dtype != ten->dtype || tt->ndim != ten->ndim ||
+	    memcmp(tt->shape, want, (size_t)tt->ndim * sizeof(uint64_t)) != 0) {
+		rs_diag_add(r->d, "%s: %s differs in dtype or shape from TP rank 0's",
+			    w->path, name);
+		return -EINVAL;
+	}
+	if (r->filled[i] != w->t) {
+		rs_diag_add(r->d, "%s: holds %s twice", w->path, name);
+		return -EINVAL;
+	}
+	r->filled[i]++;
+	w->next = i + 1;
+	if (axis < 0)
+		return 0;   /* replicated: TP rank 0's copy is served */
+	return place_rank(w, ten, axis, tt);
+}
+
+/* word_embeddings_for_head: the last stage's copy of tied embeddings. */
+static int check_head(walker *w, const rs_torch_tensor *tt)
+{
+	rs_meg_reader *r = w->r;
+	const rs_tensor *we = r->st->word_emb >= 0
+		? &r->ck->catalog.tensors[r->st->word_emb] : NULL;
+
+	if (!we || tt->dtype != we->dtype || tt->ndim != 2 ||
+	    tt->shape[1] != we->shape[1] || we->shape[0] % r->st->tp ||
+	    tt->shape[0] != we->shape[0] / r->st->tp) {
+		rs_diag_add(r->d, "%s: word_embeddings_for_head.weight does not match the word embeddings",
+			    w->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int leaf(walker *w, const rs_pvalue *v)
+{
+	rs_meg_reader *r = w->r;
+	uint32_t P = r->st->pp, V = r->st->vpp;
+	uint64_t n = 0, layer = 0;
+	const char *rest = NULL, *why = NULL;
+	char name[1024];
+	rs_meg_place place = RS_MEG_LAST;
+	bool first = w->p == 0 && w->c == 0;
+	bool last = w->p == P - 1 && w->c == V - 1;
+	rs_torch_tensor tt;
+	int lk = -1;
+
+	for (int i = 0; i < w->nkeys && lk < 0; i++)
+		if (layer_key(w->keys[i], &n, &rest))
+			lk = i;
+	if (lk >= 0) {
+		if (n >= r->lpc) {
+			rs_diag_add(r->d, "%s: model chunk %u holds layer %llu, but chunks have %llu layers",
+				    w->path, w->c, (unsigned long long)n,
+				    (unsigned long long)r->lpc);
+			return -EINVAL;
+		}
+		layer = ((uint64_t)w->c * P + w->p) * r->lpc + n;
+		place = RS_MEG_LAYER;
+	} else {
+		for (int i = 0; i < w->nkeys; i++)
+			if (strcmp(w->keys[i], "embedding") == 0)
+				place = RS_MEG_FIRST;
+	}
+	if (flat_name(w, lk, layer, rest, name, sizeof(name))) {
+		rs_diag_add(r->d, "%s: a model key path is longer than %zu bytes",
+			    w->path, sizeof(name) - 1);
+		return -EINVAL;
+	}
+	if (rs_torch_tensor_read(w->z, v, &tt, &why)) {
+		rs_diag_add(r->d, "%s: %s %s", w->path, name, why);
+		return -EINVAL;
+	}
+	if ((place == RS_MEG_FIRST && !first) || (place == RS_MEG_LAST && !last)) {
+		rs_diag_add(r->d, "%s: %s belongs to the %s model chunk, but is in chunk %u of stage %u",
+			    w->path, name, place == RS_MEG_FIRST ? "first" : "last",
+			    w->c, w->p);
+		return -EINVAL;
+	}
+	if (r->st->tied && strcmp(name, "word_embeddings_for_head.weight") == 0)
+		return check_head(w, &tt);
+	if (w->t > 0)
+		return match(w, name, &tt);
+	if (lk >= 0)
+		w->seen[n] = 1;
+	return create(w, name, &tt, lk, layer, rest, place);
+}
+
+/* The pickle memo lets one dict appear under many keys (and inside
+ * itself): walked once per reference, a few hundred bytes could name
+ * billions of tensors.  Megatron never shares a model dict, so a dict met
+ * twice is refused. */
+static int enter(walker *w, const rs_pvalue *pairs)
+{
+	for (size_t i = 0; i < w->ndicts; i++)
+		if (w->dicts[i] == pairs) {
+			rs_diag_add(w->r->d, "%s: a model dict appears twice",
+				    w->path);
+			return -EINVAL;
+		}
+	if (w->ndicts == RS_MEG_MAX_DICTS) {
+		rs_diag_add(w->r->d, "%s: more than %d model dicts", w->path,
+			    RS_MEG_MAX_DICTS);
+		return -EINVAL;
+	}
+	w->dicts[w->ndicts++] = pairs;
+	return 0;
+}
+
+static int walk(walker *w, const rs_pvalue *pairs)
+{
+	int err = pairs ? enter(w, pairs) : 0;
+
+	if (err)
+		return err;
+	for (size_t i = 0; i < rs_pv_len(pairs); i++) {
+		const rs_pvalue *v = rs_pv_val(pairs, i), *sub;
+		size_t len;
+		const char *k = rs_pv_str(rs_pv_key(pairs, i), &len);
+
+		if (!k || !len || strlen(k) != len || strchr(k, '/')) {
+			rs_diag_add(w->r->d, "%s: a model dict key is not a plain string",
+				    w->path);
+			return -EINVAL;
+		}
+		if (w->nkeys == RS_MEGATRON_MAX_NESTING) {
+			rs_diag_add(w->r->d, "%s: model dicts nested deeper than %d",
+				    w->path, RS_MEGATRON_MAX_NESTING);
+			return -EINVAL;
+		}
+		w->keys[w->nkeys++] = k;
+		if (rs_meg_is_tensor(v))
+			err = leaf(w, v);
+		else if (rs_meg_dict_like(v, &sub))
+			err = walk(w, sub);
+		else {
+			rs_diag_add(w->r->d, "%s: model entry %s is neither a tensor nor a dict",
+				    w->path, k);
+			err = -EINVAL;
+		}
+		w->nkeys--;
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* After rank t's chunk: everything TP rank 0 had must have been found. */
+static int check_group(walker *w)
+{
+	rs_meg_reader *r = w->r;
+	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
+
+	if (w->t == 0) {
+		for (uint64_t n = 0; n < r->lpc; n++)
+			if (!w->seen[n]) {
+				rs_diag_add(r->d, "%s: model chunk %u holds no tensor of its layer %llu",
+					    w->path, w->c, (unsigned long long)n);
+				return -EINVAL;
+			}
+		return 0;
+	}
+	for (size_t i = r->group[g]; i < r->group[g + 1]; i++)
+		if (r->filled[i] != w->t + 1) {
+			rs_diag_add(r->d, "%s: lacks %s, which TP rank 0 of its stage holds",
+				    w->path, r->ck->catalog.tensors[i].name);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
+		    uint32_t p, uint32_t t, uint32_t src, const char *path)
+{
+	walker *w = calloc(1, sizeof(*w));
+	int err = -ENOMEM;
+
+	if (!w)
+		return err;
+	*w = (walker){ .r = r, .z = z, .p = p, .t = t, .src = src, .path = path };
+	w->seen = calloc(r->lpc ? r->lpc : 1, 1);
+	if (!w->seen)
+		goto out;
+	err = 0;
+	for (uint32_t c = 0; c < r->st->vpp && !err; c++) {
+		size_t g = 2 * ((size_t)p * r->st->vpp + c);
+		const rs_pvalue *model, *pairs;
+		char key[32];
+
+		if (r->st->vpp == 1)
+			snprintf(key, sizeof(key), "model");
+		else
+			snprintf(key, sizeof(key), "model%u", c);
+		model = rs_pv_get(top, key);
+		if (!rs_meg_dict_like(model, &pairs)) {
+			rs_diag_add(r->d, "%s: no '%s' dict (args say %u virtual pipeline stage%s)",
+				    path, key, r->st->vpp, r->st->vpp > 1 ? "s" : "");
+			err = -EINVAL;
+			break;
+		}
+		w->c = c;
+		memset(w->seen, 0, r->lpc ? r->lpc : 1);
+		if (t == 0)
+			r->group[g] = r->ck->catalog.count;
+		w->next = r->group[g];
+		err = walk(w, pairs);
+		if (t == 0)
+			r->group[g + 1] = r->ck->catalog.count;
+		if (!err)
+			err = check_group(w);
+	}
+out:
+	free(w->seen);
+	free(w);
+	return err;
+}

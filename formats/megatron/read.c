@@ -1,0 +1,504 @@
+/* Legacy Megatron reader: SOURCE -> rank files -> catalog (megatron.h).
+ *
+ * This file finds the iteration and its rank directories, parses each
+ * rank's data.pkl, checks the args and the dict around the model against
+ * the directories and against each other, and hands each file's models to
+ * model.c.  Args decide what the model walk cannot see: the
+ * virtual stages, the layers per chunk, gating and tied embeddings.
+ */
+#include "formats/megatron/megatron.h"
+#include "formats/megatron/megatron_int.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "planner/names.h"
+
+#define TRACKER "latest_checkpointed_iteration.txt"
+#define RANK_FILE "model_optim_rng.pt"
+/* data.pkl holds the structure of model, optimizer and rng state (a few
+ * hundred bytes a tensor); anything near this is not a checkpoint. */
+#define RS_MEGATRON_PKL_MAX (256u << 20)
+/* Far beyond real layouts; bounds the rank table. */
+#define RS_MEGATRON_MAX_RANKS (1u << 16)
+
+const char *const rs_megatron_allow[] = {
+	"torch.*",
+	"collections.OrderedDict",
+	"_codecs.encode",
+	"builtins.set",
+	"builtins.frozenset",
+	"builtins.bytearray",
+	"argparse.Namespace",
+	"types.SimpleNamespace",
+	"pathlib.PosixPath",
+	/* np.random.get_state() in rng_state */
+	"numpy.core.multiarray._reconstruct",
+	"numpy._core.multiarray._reconstruct",
+	"numpy.core.multiarray.scalar",
+	"numpy._core.multiarray.scalar",
+	"numpy.ndarray",
+	"numpy.dtype",
+	"numpy.dtypes.*",
+	/* enum members args hold (model_type, attention_backend, fp8_recipe)
+	 * and the rerun state, as megatron/core/safe_globals.py lists them;
+	 * older Megatron-LM kept the enums under megatron.model. */
+	"megatron.core.enums.*",
+	"megatron.core.transformer.enums.*",
+	"megatron.core.rerun_state_machine.RerunDiagnostic",
+	"megatron.core.rerun_state_machine.RerunMode",
+	"megatron.core.rerun_state_machine.RerunState",
+	"megatron.legacy.model.enums.*",
+	"megatron.model.enums.*",
+	NULL,
+};
+
+void rs_meg_state_free(void *state)
+{
+	rs_meg_state *st = state;
+
+	if (!st)
+		return;
+	for (size_t i = 0; i < st->ntensors; i++) {
+		for (int k = 0; k < st->tensors[i].nkeys; k++)
+			free(st->tensors[i].keys[k]);
+		free(st->tensors[i].keys);
+	}
+	free(st->tensors);
+	free(st->carry);
+	free(st->iter_dir);
+	rs_pickle_free(st->pk);
+	free(st);
+}
+
+/* One rank directory of the iteration. */
+typedef struct {
+	long dir;               /* its entry (+1 while being filled in) */
+	uint32_t src;           /* model_optim_rng.pt */
+} rank_dir;
+
+typedef struct {
+	rs_checkpoint *ck;
+	rs_meg_state *st;
+	rs_diag *d;
+	long iter_entry;        /* -1: SOURCE is the iteration directory */
+	char iter_path[4200];   /* for messages */
+	rank_dir *ranks;        /* [p * T + t] */
+	bool suffix;            /* names carry the _PPP suffix */
+} finder;
+
+static long child(const rs_checkpoint *ck, long parent, const char *name,
+		  bool is_dir)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent == parent &&
+		    ck->entries[i].is_dir == is_dir &&
+		    strcmp(ck->entries[i].name, name) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* digits up to 6 of them: a rank number. */
+static const char *parse_rank(const char *s, uint32_t *out)
+{
+	uint32_t v = 0;
+	int n = 0;
+
+	for (; *s >= '0' && *s <= '9' && n < 7; s++, n++)
+		v = v * 10 + (uint32_t)(*s - '0');
+	if (!n || n > 6)
+		return NULL;
+	*out = v;
+	return s;
+}
+
+/* The root form: the tracker names the iteration directory. */
+static int find_iteration(finder *f)
+{
+	char *text = NULL, *s, *e;
+	size_t len;
+	int err = rs_checkpoint_read_file(f->ck, TRACKER, 64, &text, &len, NULL,
+					  f->d);
+
+	if (err == -ENOENT) {
+		rs_diag_add(f->d, "%s: no mp_rank_* directories and no %s",
+			    f->ck->root_path, TRACKER);
+		return -EINVAL;
+	}
+	if (err)
+		return err;
+	for (s = text; *s == ' ' || *s == '\n' || *s == '\r' || *s == '\t'; s++)
+		;
+	for (e = s + strlen(s); e > s && (e[-1] == ' ' || e[-1] == '\n' ||
+					  e[-1] == '\r' || e[-1] == '\t'); e--)
+		;
+	*e = 0;
+	if (strcmp(s, "release") == 0) {
+		f->st->iter_dir = strdup("release");
+	} else {
+		char *end;
+		unsigned long long it = strtoull(s, &end, 10);
+
+		if (!*s || *end || *s == '-' || *s == '+' || it > 9999999999ull) {
+			rs_diag_add(f->d, "%s/%s: holds neither an iteration number nor 'release'",
+				    f->ck->root_path, TRACKER);
+			free(text);
+			return -EINVAL;
+		}
+		if (asprintf(&f->st->iter_dir, "iter_%07llu", it) < 0)
+			f->st->iter_dir = NULL;
+	}
+	free(text);
+	if (!f->st->iter_dir)
+		return -ENOMEM;
+	f->iter_entry = child(f->ck, -1, f->st->iter_dir, true);
+	if (f->iter_entry < 0) {
+		rs_diag_add(f->d, "%s/%s: names %s, which is missing", f->ck->root_path,
+			    TRACKER, f->st->iter_dir);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool is_rank_dir(const rs_entry *e, long parent)
+{
+	return e->is_dir && e->parent == parent &&
+	       strncmp(e->name, "mp_rank_", 8) == 0;
+}
+
+/* Rank directories: their (tp, pp) ranks, all of a full grid. */
+static int find_ranks(finder *f)
+{
+	rs_checkpoint *ck = f->ck;
+	uint32_t T = 0, P = 0;
+	int suffixed = -1, err = 0;
+	long *file_of;
+
+	for (size_t i = 0; i < ck->nentries; i++) {
+		const rs_entry *e = &ck->entries[i];
+		uint32_t t, p = 0;
+		const char *s;
+
+		if (!is_rank_dir(e, f->iter_entry))
+			continue;
+		s = parse_rank(e->name + 8, &t);
+		if (s && *s == '_')
+			s = parse_rank(s + 1, &p);
+		else if (s && !*s)
+			p = UINT32_MAX;   /* no suffix */
+		if (s && *s == '_') {
+			rs_diag_add(f->d, "%s/%s: expert-parallel rank directories are not supported",
+				    f->iter_path, e->name);
+			return -EINVAL;
+		}
+		if (!s || *s) {
+			rs_diag_add(f->d, "%s/%s: not a rank directory name (mp_rank_TT or mp_rank_TT_PPP)",
+				    f->iter_path, e->name);
+			return -EINVAL;
+		}
+		if (suffixed >= 0 && suffixed != (p != UINT32_MAX)) {
+			rs_diag_add(f->d, "%s: some rank directories have a pipeline suffix, some not",
+				    f->iter_path);
+			return -EINVAL;
+		}
+		suffixed = p != UINT32_MAX;
+		if (p == UINT32_MAX)
+			p = 0;
+		T = t + 1 > T ? t + 1 : T;
+		P = p + 1 > P ? p + 1 : P;
+	}
+	if (!T) {
+		rs_diag_add(f->d, "%s: holds no mp_rank_* directories (a distributed checkpoint's iteration directory is mounted itself)",
+			    f->iter_path);
+		return -EINVAL;
+	}
+	if ((uint64_t)T * P > RS_MEGATRON_MAX_RANKS) {
+		rs_diag_add(f->d, "%s: rank directories name %u x %u ranks, more than %u",
+			    f->iter_path, T, P, RS_MEGATRON_MAX_RANKS);
+		return -EINVAL;
+	}
+	f->suffix = suffixed == 1;
+	f->st->tp = T;
+	f->st->pp = P;
+	f->ranks = calloc((size_t)T * P, sizeof(rank_dir));
+	file_of = malloc((ck->nentries + 1) * sizeof(*file_of));
+	if (!f->ranks || !file_of) {
+		free(file_of);
+		return -ENOMEM;
+	}
+	/* Each rank directory's model_optim_rng.pt, in one pass. */
+	for (size_t i = 0; i < ck->nentries; i++)
+		file_of[i] = -1;
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent >= 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, RANK_FILE) == 0)
+			file_of[ck->entries[i].parent] = (long)i;
+	for (size_t i = 0; i < ck->nentries; i++) {
+		const rs_entry *e = &ck->entries[i];
+		uint32_t t, p = 0;
+		const char *s;
+		rank_dir *rd;
+
+		if (!is_rank_dir(e, f->iter_entry))
+			continue;
+		s = parse_rank(e->name + 8, &t);
+		if (*s == '_')
+			parse_rank(s + 1, &p);
+		rd = &f->ranks[(size_t)p * T + t];
+		if (rd->dir) {
+			rs_diag_add(f->d, "%s: %s and %s are the same rank", f->iter_path,
+				    ck->entries[rd->dir - 1].name, e->name);
+			free(file_of);
+			return -EINVAL;
+		}
+		rd->dir = (long)i + 1;
+	}
+	for (uint32_t p = 0; p < P; p++)
+		for (uint32_t t = 0; t < T; t++) {
+			rank_dir *rd = &f->ranks[(size_t)p * T + t];
+			char name[40];
+			long file;
+
+			if (f->suffix)
+				snprintf(name, sizeof(name), "mp_rank_%02u_%03u", t, p);
+			else
+				snprintf(name, sizeof(name), "mp_rank_%02u", t);
+			if (!rd->dir) {
+				rs_diag_add(f->d, "%s/%s/%s: missing (the rank directories make tp=%u, pp=%u)",
+					    f->iter_path, name, RANK_FILE, T, P);
+				err = -EINVAL;
+				continue;
+			}
+			rd->dir--;
+			file = file_of[rd->dir];
+			if (file < 0) {
+				rs_diag_add(f->d, "%s/%s/%s: missing", f->iter_path,
+					    ck->entries[rd->dir].name, RANK_FILE);
+				err = -EINVAL;
+				continue;
+			}
+			rd->src = ck->entries[file].source;
+		}
+	free(file_of);
+	return err;
+}
+
+/* Rank directories (and, in the root form, every iteration directory) are
+ * what views rewrite: hidden from all of them.  The megatron view also
+ * carries the rest of the iteration it writes. */
+static int mark_entries(finder *f)
+{
+	rs_checkpoint *ck = f->ck;
+	bool *rank_tree = calloc(ck->nentries + 1, sizeof(bool));
+	bool *iter_tree = calloc(ck->nentries + 1, sizeof(bool));
+	int err = -ENOMEM;
+
+	f->st->carry = calloc(ck->nentries + 1, sizeof(bool));
+	if (!rank_tree || !iter_tree || !f->st->carry)
+		goto out;
+	for (size_t i = 0; i < ck->nentries; i++) {
+		rs_entry *e = &ck->entries[i];
+		bool top_iter = e->parent < 0 && e->is_dir && f->iter_entry >= 0 &&
+				(strncmp(e->name, "iter_", 5) == 0 ||
+				 strcmp(e->name, "release") == 0);
+
+		/* parents come before their children */
+		rank_tree[i] = is_rank_dir(e, f->iter_entry) ||
+			       (e->parent >= 0 && rank_tree[e->parent]);
+		iter_tree[i] = top_iter || (e->parent >= 0 && iter_tree[e->parent]);
+		e->hidden = rank_tree[i] || iter_tree[i];
+		f->st->carry[i] = !rank_tree[i] &&
+			(!iter_tree[i] || (long)i == f->iter_entry ||
+			 (e->parent >= 0 && f->st->carry[e->parent] &&
+			  iter_tree[e->parent]));
+	}
+	err = 0;
+out:
+	free(rank_tree);
+	free(iter_tree);
+	return err;
+}
+
+/* Parses one rank file's zip and data.pkl. */
+static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
+		     rs_pickle **pk)
+{
+	char msg[RS_ZIP_MSG_SIZE], perr[300];
+	const rs_zip_entry *pkl;
+	rs_pickle_limits lim;
+	uint8_t *buf = NULL;
+	int fd, err;
+
+	err = rs_sources_fd(f->ck->sources, src, &fd);
+	if (err) {
+		rs_diag_add(f->d, "%s: cannot open: %s", path, strerror(-err));
+		return -EINVAL;
+	}
+	err = rs_zip_open(z, fd, 0, rs_sources_id(f->ck->sources, src)->size,
+			  msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(f->d, "%s: %s", path, msg);
+		return err == -ENOMEM ? err : -EINVAL;
+	}
+	pkl = rs_zip_find(z, "data.pkl");
+	if (!pkl || pkl->size > RS_MEGATRON_PKL_MAX ||
+	    !(buf = malloc(pkl->size ? pkl->size : 1)) ||
+	    rs_pread_full(fd, buf, pkl->size, pkl->offset)) {
+		rs_diag_add(f->d, "%s: no readable data.pkl of at most %u bytes",
+			    path, RS_MEGATRON_PKL_MAX);
+		free(buf);
+		return -EINVAL;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_megatron_allow;
+	err = rs_pickle_parse(buf, pkl->size, &lim, pk, perr, sizeof(perr));
+	free(buf);
+	if (err) {
+		rs_diag_add(f->d, "%s: data.pkl: %s", path, perr);
+		return err == -ENOMEM ? err : -EINVAL;
+	}
+	if (rs_pv_kind(rs_pickle_root(*pk)) != RS_PV_DICT) {
+		rs_diag_add(f->d, "%s: data.pkl is not a dict", path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
+{
+	uint32_t src = f->ranks[(size_t)p * f->st->tp + t].src;
+	char path[4400];
+	rs_pickle *pk = NULL;
+	rs_zip z = { 0 };
+	const rs_pvalue *top;
+	int err;
+
+	snprintf(path, sizeof(path), "%s/%s", f->ck->root_path,
+		 rs_sources_path(f->ck->sources, src));
+	err = open_rank(f, src, path, &z, &pk);
+	if (err)
+		goto out;
+	top = rs_pickle_root(pk);
+	if (p == 0 && t == 0) {
+		f->st->pk = pk;
+		f->st->top = top;
+		pk = NULL;
+		err = rs_meg_read_args(r, path);
+		if (!err) {
+			r->group = calloc(2 * (size_t)f->st->pp * f->st->vpp,
+					  sizeof(size_t));
+			err = r->group ? 0 : -ENOMEM;
+		}
+	} else {
+		err = rs_meg_check_same(r, top, path);
+	}
+	if (!err)
+		err = rs_meg_add_rank(r, &z, top, p, t, src, path);
+	if (!err && p == 0 && t == 0)
+		for (size_t i = 0; i < f->ck->catalog.count; i++)
+			if (strcmp(f->ck->catalog.tensors[i].name,
+				   "language_model.embedding.word_embeddings.weight") == 0)
+				f->st->word_emb = (long)i;
+out:
+	rs_pickle_free(pk);
+	rs_zip_free(&z);
+	return err;
+}
+
+/* Each tensor complete, regular and named once. */
+static int check_catalog(finder *f)
+{
+	rs_catalog *c = &f->ck->catalog;
+	size_t dup;
+	int err = 0;
+
+	for (size_t i = 0; i < c->count && !err; i++) {
+		rs_tensor *t = &c->tensors[i];
+
+		if (!rs_tensor_make_regular(t)) {
+			rs_diag_add(f->d, "%s: %s: the ranks' shards do not tile the tensor",
+				    t->origin, t->name);
+			err = -EINVAL;
+		}
+	}
+	if (!err)
+		err = rs_names_first_dup(c->tensors, c->count, sizeof(rs_tensor),
+					 offsetof(rs_tensor, name), &dup);
+	if (!err && dup != SIZE_MAX) {
+		rs_diag_add(f->d, "%s: two model entries are named %s",
+			    f->iter_path, c->tensors[dup].name);
+		err = -EINVAL;
+	}
+	return err;
+}
+
+int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
+{
+	const rs_rules *user_rules = o->rules;
+	rs_meg_state *st = calloc(1, sizeof(*st));
+	finder f = { .ck = ck, .st = st, .d = d, .iter_entry = -1 };
+	rs_meg_reader r = { .ck = ck, .st = st, .d = d };
+	rs_rules *rules = NULL;
+	int err;
+
+	if (!st)
+		return -ENOMEM;
+	st->word_emb = -1;
+	ck->extra = st;
+	ck->extra_free = rs_meg_state_free;
+	err = rs_checkpoint_walk(ck, NULL, d);
+	if (err)
+		return err;
+	/* Rank directories at the top: SOURCE is the iteration itself. */
+	bool top_ranks = false;
+
+	for (size_t i = 0; i < ck->nentries; i++)
+		top_ranks |= is_rank_dir(&ck->entries[i], -1);
+	if (!top_ranks) {
+		err = find_iteration(&f);
+		if (err)
+			return err;
+	}
+	snprintf(f.iter_path, sizeof(f.iter_path), "%s%s%s", ck->root_path,
+		 st->iter_dir ? "/" : "", st->iter_dir ? st->iter_dir : "");
+	err = find_ranks(&f);
+	if (!err)
+		err = mark_entries(&f);
+	if (!err && !user_rules)
+		err = rs_rules_new(&rules);
+	r.rules = user_rules ? user_rules : rules;
+	for (uint32_t p = 0; p < st->pp && !err; p++)
+		for (uint32_t t = 0; t < st->tp && !err; t++)
+			err = read_rank(&f, &r, p, t);
+	if (!err)
+		err = check_catalog(&f);
+	rs_rules_free(rules);
+	free(r.group);
+	free(r.filled);
+	free(f.ranks);
+	return err;
+}
+
+/* Rank directories mark an iteration, the tracker file a checkpoint
+ * root. */
+static rs_detect detect(const char *name, mode_t mode)
+{
+	if (S_ISDIR(mode) && strncmp(name, "mp_rank_", 8) == 0)
+		return RS_DETECT_FILES;
+	if (!S_ISDIR(mode) && strcmp(name, TRACKER) == 0)
+		return RS_DETECT_FILES;
+	return RS_DETECT_NONE;
+}
+
+const rs_format_def rs_megatron_format = {
+	.name = "megatron",
+	.detect = detect,
+	.looks_like = "mp_rank_* directories",
+	.read = rs_megatron_read,
+	.build_view = rs_megatron_build_view,
+};

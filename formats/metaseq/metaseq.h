@@ -1,0 +1,77 @@
+/* metaseq: metaseq/OPT checkpoints saved as fairscale FSDP flat-parameter
+ * shards (docs/FORMATS.md, "metaseq"), a source only.
+ *
+ * Files.  At the top of SOURCE, one checkpoint:
+ *   <prefix>model_part-<m>-shard<d>.pt   FSDP shard d of model part m
+ *   <prefix>model_part-<m>.pt            the only shard of part m
+ *                                        (metaseq's reshard-model_part-<m>.pt)
+ * where <prefix> is the same for every file ("checkpoint_last-",
+ * "reshard-", ...).  Parts 0..M-1 must all be there, each with shards
+ * 0..D-1 (D may differ between parts).  Other files are passed through;
+ * the shard files are replaced by the view.
+ *
+ * Each file is a torch.save zip whose data.pkl is a dict; only "model" and
+ * "shard_metadata" are read.  The pickle is read by the restricted reader
+ * (nothing runs) with an allowlist of the GLOBALs metaseq checkpoints name
+ * (torch.*, collections.OrderedDict/defaultdict, argparse.Namespace,
+ * metaseq.*, fairseq.*, omegaconf.*, numpy scalars and dtypes); any other
+ * GLOBAL, anywhere in the pickle, refuses the mount.
+ *
+ * "model" maps state-dict keys to tensors: the flat params
+ * ("flat_param_0", "decoder.layers.N.flat_param_0", 1-d, shard d's padded
+ * chunk) and buffers ("decoder.version").  "shard_metadata" is fairscale's
+ * local_metadata_dict():
+ *   {"param_metadata": [{"fsdp_path": "decoder.layers.0",
+ *                        "params": {"flat_param_0": {"names": [...],
+ *                                   "shapes": [torch.Size], "numels": [...],
+ *                                   "padding": int}},
+ *                        "no_broadcast_optim_state": bool,
+ *                        "shared_param_info": [(src, dst)]}, ...],
+ *    "buffer_names": [...]}
+ * Unflattening follows fairscale's consolidate_shard_weights: each shard's
+ * flat param less its trailing `padding`, shards in rank order, split by
+ * `numels` in `names` order, each piece reshaped to its shape and named
+ * "<fsdp_path>.<name>".  Every piece becomes catalog fragments that point
+ * at the stored bytes (a piece may straddle shards and start mid-row: it
+ * is cut into boxes).  A shared param (dst) is the same tensor as its src.
+ * Every model key that is not a flat param (buffers, unflattened weights)
+ * is taken from shard 0, as fairscale does with buffers.
+ *
+ * Files without shard_metadata (or with an empty one) use `params_file`
+ * when given (JSON, two forms, see rs_metaseq_read); a single-shard part
+ * whose keys hold no flat_param is read as unflattened weights as it is.
+ * Otherwise the mount is refused with a line asking for -o params=FILE.
+ *
+ * Parts are merged as metaseq's stitch_fsdp_ckpt.py reshard_megatron_parts
+ * does, matching key substrings in this order: "qkv" (a fused [k; v; q]
+ * along dim 0 per part, split into k_proj/v_proj/q_proj each concatenated
+ * over parts when the key holds ".qkv_proj.", else kept fused as
+ * [K; V; Q]), "ffn_layernorm" (dim 0), "layer_norm" (part 0), "fc1",
+ * "k_proj", "q_proj", "v_proj" (dim 0), "fc2"/"out_proj" (weight dim 1,
+ * bias part 0), "embed_tokens.weight" (dim 0), anything else part 0.
+ * Every part must hold the same names; part-0 tensors must have the same
+ * dtype and shape in every part, concatenated ones the same dtype and the
+ * same extents off the concatenation axis.
+ *
+ * Validation: sizes are overflow-checked; numels add up to the flat
+ * param's unpadded size; each shape's product is its numel; a shard's
+ * padding is at most its size; the shards of a part hold flat params of
+ * one dtype and size; shard_metadata agrees between the shards of a part;
+ * names are plain (no '/', NUL or control bytes, at most 255 bytes) and
+ * unique; every tensor lies inside its storage and file; dtypes are ones
+ * reshardfs knows.
+ *
+ * Errors: one line per problem in `d`, naming the file (and the flat param
+ * or tensor), then -EINVAL; -ENOMEM.  Ownership: everything read goes into
+ * `ck` (catalog, entries); nothing else is kept.
+ */
+#ifndef RS_METASEQ_H
+#define RS_METASEQ_H
+
+#include "formats/checkpoint.h"
+
+/* The metaseq row of the format table (a source only: its default view
+ * is safetensors). */
+extern const rs_format_def rs_metaseq_format;
+
+#endif

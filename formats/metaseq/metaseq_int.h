@@ -1,0 +1,166 @@
+/* metaseq_int: what the metaseq reader's four files share; private to
+ * them (formats/metaseq/metaseq.h is the module's contract).
+ *
+ *   metaseq_read.c    finds and groups the shard files, reads each one's
+ *                     "model" tensors and shard_metadata
+ *   metaseq_meta.c    flat-param descriptions from shard_metadata (a
+ *                     pickle) or from -o params=FILE (JSON)
+ *   metaseq_unflat.c  unflattens each model part's shards
+ *   metaseq_stitch.c  merges the parts into the catalog
+ *
+ * Ownership: each struct owns what it points to; the *_free functions
+ * release it (safe on a zeroed struct).
+ */
+#ifndef RS_METASEQ_INT_H
+#define RS_METASEQ_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "formats/checkpoint.h"
+#include "formats/codec/pickle.h"
+#include "planner/names.h"
+
+/* A tensor of a file's "model" dict. */
+typedef struct {
+	char *key;
+	rs_dtype dtype;
+	int ndim;
+	uint64_t shape[RS_MAX_DIMS];
+	uint64_t stride[RS_MAX_DIMS];   /* elements */
+	uint64_t offset;                /* byte offset in the file of its
+					 * first element */
+} ms_tensor;
+
+/* One param inside a flat param. */
+typedef struct {
+	char *name;                     /* relative to the flat param's module */
+	int ndim;
+	uint64_t shape[RS_MAX_DIMS];
+	uint64_t numel;
+} ms_param;
+
+typedef struct {
+	char *key;                      /* "decoder.layers.0.flat_param_0" */
+	size_t prefix_len;              /* of the module path in key ("" at
+					 * the root: 0) */
+	ms_param *params;
+	size_t nparams;
+	uint64_t total;                 /* sum of numels */
+	uint64_t padding;               /* this shard's; meaningful only if
+					 * has_padding */
+	bool has_padding;               /* false: from params=FILE */
+	bool rank0_only;                /* no_broadcast_optim_state: shard
+					 * 0 alone holds it */
+} ms_flat;
+
+typedef struct {
+	char *src, *dst;                /* full state-dict names */
+} ms_alias;
+
+typedef struct {
+	bool present;                   /* a non-empty description */
+	ms_flat *flats;
+	size_t nflats;
+	char **buffers;
+	size_t nbuffers;
+	ms_alias *aliases;
+	size_t naliases;
+} ms_meta;
+
+typedef struct {
+	const char *name;               /* file name (the entry's) */
+	uint32_t source;
+	uint32_t part, shard;
+	ms_tensor *tensors;             /* in stored order */
+	size_t ntensors;
+	rs_names by_key;                /* the tensors by key */
+	ms_meta meta;
+} ms_file;
+
+/* Reads the metaseq checkpoint in ck (ck->sources opened) into its catalog
+ * and entries.
+ *
+ * o->params_file (may be NULL) is used for files without shard_metadata:
+ * JSON, either the flat-param map
+ *   {"flat_param_0": {"names": [...], "shapes": [[...], ...],
+ *                     "numels": [...]},            <- numels optional
+ *    "decoder.layers.0.flat_param_0": {...}, ...}
+ * keyed by the flat param's state-dict key, names relative to its module
+ * path (the key less its last component), in flattening order; or
+ * fairscale's shard_metadata itself as JSON ({"param_metadata": [...],
+ * "buffer_names": [...]}, "padding" ignored).  Paddings are then those of
+ * FSDP's torch.chunk split: shard size ceil(total / D), the padding in
+ * the last shards. */
+int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d);
+
+/* The GLOBALs a metaseq checkpoint's data.pkl may name. */
+extern const char *const ms_pickle_allow[];
+
+/* A str value without NULs (C code would cut at the first), or NULL. */
+const char *ms_whole_str(const rs_pvalue *v);
+
+/* Whether v is a dict or an OrderedDict/defaultdict; *items is then
+ * the DICT of its pairs (NULL for an empty OrderedDict: length 0). */
+bool ms_dict(const rs_pvalue *v, const rs_pvalue **items);
+
+
+/* A name that may become a tensor name: rs_name_is_safe and no control
+ * bytes. */
+bool ms_name_ok(const char *s);
+
+/* shard_metadata `sm` (NULL, None or {} leave m->present false).
+ * `where` names the file in messages. */
+int ms_meta_from_pickle(const rs_pvalue *sm, const char *where, ms_meta *m,
+			rs_diag *d);
+/* -o params=FILE. */
+int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d);
+void ms_meta_free(ms_meta *m);
+
+/* The file's tensor of `key`, or NULL. */
+const ms_tensor *ms_file_find(const ms_file *f, const char *key);
+
+/* A tensor of one model part, its fragments in the part's coordinates. */
+typedef struct {
+	char *name;
+	rs_dtype dtype;
+	int ndim;
+	uint64_t shape[RS_MAX_DIMS];
+	rs_fragment *frags;
+	size_t nfrags, cap;
+} ms_ptensor;
+
+typedef struct {
+	ms_ptensor *t;
+	size_t n, cap;
+	rs_names by_name;
+	const ms_file *file;    /* shard 0, named in messages */
+	const ms_meta *meta;    /* what unflattened it, or NULL */
+} ms_part;
+
+typedef struct {
+	rs_checkpoint *ck;
+	rs_diag *d;
+	char where[4400];       /* "<root>/<file>" of the file at hand */
+} ms_ctx;
+
+void ms_set_where(ms_ctx *c, const ms_file *f);
+
+/* Model part p (zeroed) from its shards f[0..nshards) (metaseq_unflat.c):
+ * the flat params unflattened by the shards' shard_metadata, else by
+ * `params` (-o params=FILE, present false when not given), and every other
+ * tensor of shard 0; names checked and indexed. */
+int ms_part_build(ms_ctx *c, ms_part *p, const ms_file *f, size_t nshards,
+		  const ms_meta *params);
+void ms_part_free(ms_part *p);
+/* Part p's tensor `name`, or NULL. */
+const ms_ptensor *ms_part_find(const ms_part *p, const char *name);
+
+/* Builds the catalog of ck from files[0..n), sorted by part then shard,
+ * parts 0..nparts-1 complete.  `params` is -o params=FILE (present false
+ * when not given). */
+int ms_stitch(rs_checkpoint *ck, const ms_file *files, size_t n,
+	      uint32_t nparts, const ms_meta *params, rs_diag *d);
+
+#endif

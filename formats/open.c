@@ -1,0 +1,267 @@
+/* The format table, detection, and dispatch to readers and view builders
+ * (formats/open.h).  Adding a format: its folder defines an rs_format_def
+ * and this table lists it (docs/ARCHITECTURE.md, "How to add a format"). */
+#include "formats/open.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/codec/json_text.h"
+#include "formats/megatron/megatron.h"
+#include "formats/metaseq/metaseq.h"
+#include "formats/safetensors/safetensors.h"
+#include "formats/torch_dist/torch_dist.h"
+#include "formats/zarr/zarr.h"
+
+static const rs_format_def *const formats[] = {
+	&rs_zarr_format,
+	&rs_torch_dist_format,
+	&rs_megatron_format,
+	&rs_safetensors_format,
+	&rs_metaseq_format,
+};
+#define NFORMATS (sizeof(formats) / sizeof(formats[0]))
+
+#define RS_METADATA_MAX_BYTES (1u << 20)
+
+static const rs_format_def *find(const char *name)
+{
+	for (size_t i = 0; i < NFORMATS; i++)
+		if (strcmp(formats[i]->name, name) == 0)
+			return formats[i];
+	return NULL;
+}
+
+/* Writes items as "a, b or c" ("a and b" with `and`) into out. */
+static void list_words(const char *const *items, size_t n, bool and,
+		       char *out, size_t size)
+{
+	size_t at = 0;
+
+	out[0] = 0;
+	for (size_t i = 0; i < n && at < size; i++)
+		at += (size_t)snprintf(out + at, size - at, "%s%s",
+				       i == 0 ? "" : i + 1 < n ? ", "
+					       : and ? " and " : " or ",
+				       items[i]);
+}
+
+/* A SOURCE without metadata.json: a marker decides; else the files of
+ * exactly one format must be at the top.  Several are refused rather
+ * than guessed between. */
+static int detect_by_names(rs_checkpoint *ck, rs_diag *d)
+{
+	int fd = dup(rs_sources_root_fd(ck->sources));
+	const rs_format_def *marked = NULL, *found[NFORMATS];
+	const char *example[NFORMATS];
+	char *names[NFORMATS] = { 0 };
+	size_t nfound = 0;
+	struct dirent *e;
+	DIR *dir;
+	int err = -EINVAL;
+
+	if (fd < 0 || !(dir = fdopendir(fd))) {
+		if (fd >= 0)
+			close(fd);
+		rs_diag_add(d, "%s: cannot list: %s", ck->root_path,
+			    strerror(errno));
+		return -EINVAL;
+	}
+	while ((e = readdir(dir))) {
+		struct stat st;
+
+		if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue;
+		for (size_t i = 0; i < NFORMATS; i++) {
+			const rs_format_def *f = formats[i];
+			rs_detect k = f->detect ? f->detect(e->d_name, st.st_mode)
+						: RS_DETECT_NONE;
+			size_t j;
+
+			if (k == RS_DETECT_MARKER && !marked)
+				marked = f;
+			if (k != RS_DETECT_FILES)
+				continue;
+			/* Each format once, named by its first file. */
+			for (j = 0; j < nfound && found[j] != f; j++)
+				;
+			if (j < nfound && strcmp(e->d_name, names[j]) > 0)
+				continue;
+			free(names[j]);
+			names[j] = strdup(e->d_name);
+			if (!names[j]) {
+				err = -ENOMEM;
+				goto out;
+			}
+			found[j] = f;
+			nfound += j == nfound;
+		}
+	}
+	if (marked) {
+		ck->format = marked;
+		err = 0;
+	} else if (nfound == 1) {
+		ck->format = found[0];
+		err = 0;
+	} else if (nfound > 1) {
+		char text[NFORMATS * 300];
+		char *items[NFORMATS] = { 0 };
+
+		for (size_t i = 0; i < nfound; i++)
+			if (asprintf(&items[i], "%s (%s)", found[i]->name,
+				     names[i]) < 0)
+				items[i] = NULL;
+		for (size_t i = 0; i < nfound; i++)
+			example[i] = items[i] ? items[i] : found[i]->name;
+		list_words(example, nfound, true, text, sizeof(text));
+		rs_diag_add(d, "%s: holds files of more than one checkpoint format: %s",
+			    ck->root_path, text);
+		for (size_t i = 0; i < nfound; i++)
+			free(items[i]);
+	} else {
+		char text[NFORMATS * 64];
+		size_t n = 0;
+
+		example[n++] = "metadata.json";
+		for (size_t i = 0; i < NFORMATS; i++)
+			if (formats[i]->looks_like)
+				example[n++] = formats[i]->looks_like;
+		list_words(example, n, false, text, sizeof(text));
+		rs_diag_add(d, "%s: not a checkpoint (no %s)", ck->root_path,
+			    text);
+	}
+out:
+	for (size_t i = 0; i < nfound; i++)
+		free(names[i]);
+	closedir(dir);
+	return err;
+}
+
+/* The dist checkpoint's metadata.json names its backend; a SOURCE
+ * without one is detected by its names. */
+static int detect_format(rs_checkpoint *ck, rs_diag *d)
+{
+	char *text = NULL;
+	size_t len;
+	cJSON *root = NULL;
+	const cJSON *backend;
+	char why[100];
+	int err = rs_checkpoint_read_file(ck, "metadata.json",
+					  RS_METADATA_MAX_BYTES, &text, &len,
+					  NULL, d);
+
+	if (err == -ENOENT)
+		return detect_by_names(ck, d);
+	if (err)
+		return err;
+	err = rs_json_parse_object(text, len, &root, why, sizeof(why));
+	if (err == -EINVAL)
+		rs_diag_add(d, "%s/metadata.json: %s", ck->root_path, why);
+	if (err)
+		goto out;
+	err = -EINVAL;
+	backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");
+	if (!cJSON_IsString(backend)) {
+		rs_diag_add(d, "%s/metadata.json: not a JSON object with a \"sharded_backend\" string",
+			    ck->root_path);
+		goto out;
+	}
+	for (size_t i = 0; i < NFORMATS && err; i++)
+		if (formats[i]->dist_backend &&
+		    strcmp(backend->valuestring, formats[i]->dist_backend) == 0) {
+			ck->format = formats[i];
+			err = 0;
+		}
+	if (err) {
+		const char *known[NFORMATS];
+		char text_known[NFORMATS * 32];
+		size_t n = 0;
+
+		for (size_t i = 0; i < NFORMATS; i++)
+			if (formats[i]->dist_backend)
+				known[n++] = formats[i]->dist_backend;
+		list_words(known, n, true, text_known, sizeof(text_known));
+		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (%s are)",
+			    ck->root_path, backend->valuestring, text_known);
+	}
+out:
+	cJSON_Delete(root);
+	free(text);
+	return err;
+}
+
+int rs_checkpoint_open(const char *root, const rs_open_opts *o,
+		       rs_checkpoint *ck, rs_diag *d)
+{
+	static const rs_open_opts none = { 0 };
+	int err = rs_checkpoint_init(ck, root, d);
+
+	if (!err)
+		err = detect_format(ck, d);
+	if (!err)
+		err = ck->format->read(ck, o ? o : &none, d);
+	if (err)
+		rs_checkpoint_close(ck);
+	return err;
+}
+
+int rs_checkpoint_build_view(const rs_checkpoint *ck,
+			     const rs_format_def *view, const rs_layout *l,
+			     rs_vtree *t, rs_diag *d)
+{
+	size_t lines = rs_diag_count(d);
+	int err = rs_vtree_init(t, ck->root_mtime);
+
+	if (err)
+		return err;
+	if (!view)
+		view = rs_format_default_view(ck->format);
+	if (!view->build_view) {
+		rs_diag_add(d, "%s: there is no %s view (choose -o format=)",
+			    ck->root_path, view->name);
+		return -EINVAL;
+	}
+	err = view->build_view(ck, l, t, d);
+	/* Two things of one name in the view (a tensor or byte item and a
+	 * file of SOURCE): the tree refuses the second; say so, not "File
+	 * exists". */
+	if (err == -EEXIST && rs_diag_count(d) == lines) {
+		rs_diag_add(d, "%s: a file or directory of SOURCE has the name of a tensor or byte item the %s view writes",
+			    ck->root_path, view->name);
+		err = -EINVAL;
+	}
+	return err;
+}
+
+const rs_format_def *rs_format_find_view(const char *name)
+{
+	const rs_format_def *f = find(name);
+
+	return f && f->build_view ? f : NULL;
+}
+
+const rs_format_def *rs_format_default_view(const rs_format_def *source)
+{
+	const rs_format_def *v = source->default_view
+					 ? find(source->default_view) : NULL;
+
+	return v ? v : source;
+}
+
+void rs_format_view_names(char *out, size_t size)
+{
+	const char *names[NFORMATS];
+	size_t n = 0;
+
+	for (size_t i = 0; i < NFORMATS; i++)
+		if (formats[i]->build_view)
+			names[n++] = formats[i]->name;
+	list_words(names, n, false, out, size);
+}

@@ -1,0 +1,396 @@
+/* torch_dist view builder: catalog + layout -> a DCP checkpoint.
+ *
+ * The view holds what Megatron's torch_dist backend would have written had
+ * the job run at the target TP (FORMATS.md §3):
+ *   - `__<r>_0.distcp`, one per target TP rank: a torch.save zip per chunk
+ *     that rank owns, its headers built here and its data served from the
+ *     source through a plan (read straight from the source when contiguous);
+ *   - `.metadata`: a torch.distributed.checkpoint Metadata pickle whose
+ *     chunks follow the target grid, readable by torch's FileSystemReader
+ *     and by Megatron's loader;
+ *   - byte items (ShardedObjects) in rank 0's file: carried over unchanged
+ *     from a torch_dist source, re-wrapped as torch_dist stores them from a
+ *     zarr one (formats/codec/torch_object.h);
+ *   - metadata.json saying torch_dist, and every other file passed through.
+ *
+ * Owners: a TP-split chunk belongs to rank (its index along the TP axis)
+ * mod tp - so a gated fc1's W_r and V_r both go to rank r, as Megatron
+ * saves them.  A replicated tensor is stored once, by rank 0: Megatron
+ * saves only the main replica (replica_id 0), which is TP rank 0.
+ *
+ * CRCs: the CRC-32 of a chunk's data is not known without reading it, so
+ * data entries carry CRC 0 (RS_ZIP_CRC_ZERO).  torch.load and DCP ignore
+ * CRCs; a strict `unzip -t` of an item reports those entries as bad.
+ */
+#include "formats/torch_dist/torch_dist.h"
+#include "formats/torch_dist/torch_dist_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/codec/pickle.h"
+#include "formats/codec/torch_tensor.h"
+#include "formats/codec/torchzip.h"
+#include "planner/array.h"
+
+static const char dcp_meta[] = "torch.distributed.checkpoint.metadata";
+
+/* One stored item of the view. */
+typedef struct {
+	size_t tensor;          /* catalog index, or SIZE_MAX for a blob */
+	const rs_blob *blob;
+	rs_box box;             /* tensors: the chunk */
+	uint64_t index;         /* chunk number within the tensor */
+	uint32_t rank;
+	uint64_t offset, length;/* in __<rank>_0.distcp */
+} item;
+
+typedef struct {
+	const rs_checkpoint *ck;
+	const rs_layout *l;
+	rs_vtree *t;
+	rs_diag *d;
+	item *items;
+	size_t nitems, cap_items;
+	uint32_t *files;        /* vtree node of each rank's .distcp */
+} builder;
+
+/* torch.Size((v...)) */
+static void pw_size(rs_pwriter *w, const uint64_t *v, int n)
+{
+	rs_pw_global(w, "torch", "Size");
+	rs_pw_tuple_begin(w);
+	for (int i = 0; i < n; i++)
+		rs_pw_int(w, (int64_t)v[i]);
+	rs_pw_tuple_end(w);
+	rs_pw_tuple_n(w, 1);
+	rs_pw_reduce(w);
+}
+
+/* A dataclass: NEWOBJ(cls, ()) then BUILD(state dict); the caller pushes
+ * the dict's items between rs_pw_dict_begin and the end. */
+static void pw_object_begin(rs_pwriter *w, const char *module, const char *name)
+{
+	rs_pw_global(w, module, name);
+	rs_pw_tuple_n(w, 0);
+	rs_pw_newobj(w);
+	rs_pw_dict_begin(w);
+}
+
+static void pw_object_end(rs_pwriter *w)
+{
+	rs_pw_dict_end(w);
+	rs_pw_build(w);
+}
+
+/* data.pkl of one dense C-order tensor of `box.len` extents, over
+ * storage "0". */
+static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
+			 size_t *len)
+{
+	rs_pwriter w;
+
+	rs_pw_init(&w, 2);
+	rs_pw_torch_tensor(&w, dtype, box->len, box->ndim, "0");
+	return rs_pw_finish(&w, out, len);
+}
+
+/* Appends one chunk as a torch.save zip to its rank's file. */
+static int append_chunk(builder *b, item *it)
+{
+	const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
+	rs_dtype dtype = b->l->targets[it->tensor].dtype;
+	static const char serial_id[] = "0000000000000000000000000000000000000000";
+	uint64_t bytes = rs_dtype_size(dtype);
+	uint32_t file = b->files[it->rank];
+	rs_zip_input in[7];
+	rs_zip_layout z = { 0 };
+	uint8_t *pkl = NULL;
+	size_t pkl_len;
+	rs_plan plan;
+	int err;
+
+	for (int i = 0; i < ten->ndim; i++)
+		bytes *= it->box.len[i];
+	err = tensor_pickle(dtype, &it->box, &pkl, &pkl_len);
+	if (err)
+		return err;
+	/* Records in the order torch.save writes them. */
+	in[0] = (rs_zip_input){ "data.pkl", pkl, pkl_len, false };
+	in[1] = (rs_zip_input){ ".format_version", "1", 1, false };
+	in[2] = (rs_zip_input){ ".storage_alignment", "64", 2, false };
+	in[3] = (rs_zip_input){ "byteorder", "little", 6, false };
+	in[4] = (rs_zip_input){ "data/0", NULL, bytes, true };
+	in[5] = (rs_zip_input){ "version", "3\n", 2, false };
+	in[6] = (rs_zip_input){ ".data/serialization_id", serial_id, 40, false };
+	err = rs_zip_layout_build(&z, "archive", in, 7, 0, RS_ZIP_CRC_ZERO);
+	free(pkl);
+	if (err)
+		return err;
+	it->offset = b->t->nodes[file].size;
+	it->length = z.size;
+	for (size_t p = 0; p < z.npieces && !err; p++) {
+		const rs_zip_piece *pc = &z.pieces[p];
+
+		if (pc->kind == RS_ZIP_PIECE_LITERAL) {
+			err = rs_vtree_append_literal(b->t, file, pc->bytes,
+						      pc->length);
+			continue;
+		}
+		err = rs_plan_box(ten, &it->box, it->box.len, &plan);
+		if (!err)
+			err = rs_vtree_append_plan(b->t, file, &plan,
+						   ten->dtype, dtype);
+	}
+	rs_zip_layout_free(&z);
+	return err;
+}
+
+static int add_item(builder *b, item it)
+{
+	int err = rs_array_reserve(&b->items, &b->cap_items, b->nitems + 1,
+				   sizeof(item));
+
+	if (!err)
+		b->items[b->nitems++] = it;
+	return err;
+}
+
+/* Every chunk of every tensor on the target grid, with its owner. */
+static int plan_items(builder *b)
+{
+	for (size_t i = 0; i < b->ck->catalog.count; i++) {
+		const rs_tensor *ten = &b->ck->catalog.tensors[i];
+		const rs_target *tg = &b->l->targets[i];
+		uint64_t count[RS_MAX_DIMS], idx[RS_MAX_DIMS] = { 0 }, n = 0;
+		int err;
+
+		rs_grid_count(tg->shape, tg->chunk, ten->ndim, count);
+		for (int k = 0; k < ten->ndim; k++)
+			if (count[k] == 0) {
+				/* An empty tensor: torch saves one empty
+				 * chunk of the whole shape, owned by rank
+				 * 0; without it DCP's load reports the key
+				 * missing. */
+				item it = { .tensor = i };
+
+				it.box.ndim = ten->ndim;
+				memcpy(it.box.len, tg->shape,
+				       sizeof(uint64_t) * (size_t)ten->ndim);
+				err = add_item(b, it);
+				if (err)
+					return err;
+				goto next;
+			}
+		for (;;) {
+			item it = { .tensor = i, .index = n++ };
+
+			rs_grid_cell(idx, tg->chunk, tg->shape, ten->ndim, &it.box);
+			it.rank = tg->axis >= 0
+				? (uint32_t)(idx[tg->axis] % b->l->tp) : 0;
+			err = add_item(b, it);
+			if (err)
+				return err;
+			if (!rs_grid_next(idx, count, ten->ndim))
+				break;
+		}
+next:
+		continue;
+	}
+	for (size_t i = 0; i < b->ck->nblobs; i++) {
+		item it = { .tensor = SIZE_MAX, .blob = &b->ck->blobs[i] };
+		int err = add_item(b, it);
+
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static void pw_properties(rs_pwriter *w, rs_dtype dtype)
+{
+	/* TensorProperties pickles its state as (dtype, layout,
+	 * requires_grad, memory_format, pin_memory). */
+	rs_pw_global(w, dcp_meta, "TensorProperties");
+	rs_pw_tuple_n(w, 0);
+	rs_pw_newobj(w);
+	rs_pw_tuple_begin(w);
+	rs_pw_global(w, "torch", rs_dtype_torch_name(dtype));
+	rs_pw_global(w, "torch.serialization", "_get_layout");
+	rs_pw_cstr(w, "torch.strided");
+	rs_pw_tuple_n(w, 1);
+	rs_pw_reduce(w);
+	rs_pw_bool(w, false);
+	rs_pw_global(w, dcp_meta, "_MEM_FORMAT_ENCODING");
+	rs_pw_int(w, 0);
+	rs_pw_tuple_n(w, 1);
+	rs_pw_reduce(w);
+	rs_pw_bool(w, false);
+	rs_pw_tuple_end(w);
+	rs_pw_build(w);
+}
+
+static void pw_relpath(rs_pwriter *w, uint32_t rank)
+{
+	char name[32];
+
+	snprintf(name, sizeof(name), "__%u_0.distcp", rank);
+	rs_pw_cstr(w, name);
+}
+
+/* The Metadata pickle: state_dict_metadata and storage_data. */
+static int metadata_pickle(builder *b, uint8_t **out, size_t *len)
+{
+	rs_pwriter w;
+	size_t k = 0;
+
+	rs_pw_init(&w, 4);
+	pw_object_begin(&w, dcp_meta, "Metadata");
+	rs_pw_cstr(&w, "state_dict_metadata");
+	rs_pw_dict_begin(&w);
+	while (k < b->nitems) {
+		const item *it = &b->items[k];
+
+		if (it->blob) {
+			rs_pw_cstr(&w, it->blob->fqn);
+			pw_object_begin(&w, dcp_meta, "BytesStorageMetadata");
+			pw_object_end(&w);
+			k++;
+			continue;
+		}
+		const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
+
+		rs_pw_cstr(&w, ten->name);
+		pw_object_begin(&w, dcp_meta, "TensorStorageMetadata");
+		rs_pw_cstr(&w, "properties");
+		pw_properties(&w, b->l->targets[it->tensor].dtype);
+		rs_pw_cstr(&w, "size");
+		pw_size(&w, b->l->targets[it->tensor].shape, ten->ndim);
+		rs_pw_cstr(&w, "chunks");
+		rs_pw_list_begin(&w);
+		for (; k < b->nitems && b->items[k].tensor == it->tensor; k++) {
+			pw_object_begin(&w, dcp_meta, "ChunkStorageMetadata");
+			rs_pw_cstr(&w, "offsets");
+			pw_size(&w, b->items[k].box.off, ten->ndim);
+			rs_pw_cstr(&w, "sizes");
+			pw_size(&w, b->items[k].box.len, ten->ndim);
+			pw_object_end(&w);
+		}
+		rs_pw_list_end(&w);
+		pw_object_end(&w);
+	}
+	rs_pw_dict_end(&w);
+	rs_pw_cstr(&w, "planner_data");
+	rs_pw_none(&w);
+	rs_pw_cstr(&w, "storage_data");
+	rs_pw_dict_begin(&w);
+	for (k = 0; k < b->nitems; k++) {
+		const item *it = &b->items[k];
+		const rs_tensor *ten = it->blob ? NULL
+						: &b->ck->catalog.tensors[it->tensor];
+
+		pw_object_begin(&w, dcp_meta, "MetadataIndex");
+		rs_pw_cstr(&w, "fqn");
+		rs_pw_cstr(&w, it->blob ? it->blob->fqn : ten->name);
+		rs_pw_cstr(&w, "offset");
+		if (it->blob)
+			rs_pw_none(&w);
+		else
+			pw_size(&w, it->box.off, ten->ndim);
+		rs_pw_cstr(&w, "index");
+		if (it->blob)
+			rs_pw_none(&w);
+		else
+			rs_pw_int(&w, (int64_t)it->index);
+		pw_object_end(&w);
+		pw_object_begin(&w, "torch.distributed.checkpoint.filesystem",
+				"_StorageInfo");
+		rs_pw_cstr(&w, "relative_path");
+		pw_relpath(&w, it->rank);
+		rs_pw_cstr(&w, "offset");
+		rs_pw_int(&w, (int64_t)it->offset);
+		rs_pw_cstr(&w, "length");
+		rs_pw_int(&w, (int64_t)it->length);
+		pw_object_end(&w);
+	}
+	rs_pw_dict_end(&w);
+	rs_pw_cstr(&w, "storage_meta");
+	rs_pw_none(&w);
+	rs_pw_cstr(&w, "version");
+	rs_pw_cstr(&w, "1.0.0");
+	pw_object_end(&w);
+	return rs_pw_finish(&w, out, len);
+}
+
+/* A file the view writes itself, at the top.  A file or directory of
+ * SOURCE carried into the view may hold its name (a stray `.metadata` or
+ * `__0_0.distcp` in a zarr source): that is reported, not served. */
+static int add_own_file(const rs_checkpoint *ck, rs_vtree *t,
+			const char *name, uint32_t *file, rs_diag *d)
+{
+	int err = rs_vtree_add_file(t, 0, name, ck->root_mtime, file);
+
+	if (err == -EEXIST) {
+		rs_diag_add(d, "%s/%s: the torch_dist view writes a file of this name itself",
+			    ck->root_path, name);
+		err = -EINVAL;
+	}
+	return err;
+}
+
+int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			     rs_vtree *t, rs_diag *d)
+{
+	static const char meta_json[] =
+		"{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1, "
+		"\"common_backend\": \"torch\", \"common_backend_version\": 1}";
+	builder b = { .ck = ck, .l = l, .t = t, .d = d };
+	uint8_t *pkl = NULL;
+	size_t pkl_len;
+	uint32_t file;
+	int err = -ENOMEM;
+
+	b.files = calloc(l->tp, sizeof(uint32_t));
+	if (!b.files)
+		goto out;
+	err = rs_checkpoint_carry(ck, t);
+	if (!err)
+		err = add_own_file(ck, t, "metadata.json", &file, d);
+	if (!err)
+		err = rs_vtree_append_literal(t, file, meta_json,
+					      sizeof(meta_json) - 1);
+	for (uint32_t r = 0; r < l->tp && !err; r++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "__%u_0.distcp", r);
+		err = add_own_file(ck, t, name, &b.files[r], d);
+	}
+	if (!err)
+		err = plan_items(&b);
+	for (size_t k = 0; k < b.nitems && !err; k++) {
+		item *it = &b.items[k];
+
+		if (it->blob) {
+			uint32_t f0 = b.files[0];
+
+			it->offset = t->nodes[f0].size;
+			err = rs_checkpoint_append_blob(ck, it->blob, true, t, f0,
+							&it->length, d);
+		} else {
+			err = append_chunk(&b, it);
+		}
+	}
+	if (!err)
+		err = metadata_pickle(&b, &pkl, &pkl_len);
+	if (!err)
+		err = add_own_file(ck, t, ".metadata", &file, d);
+	if (!err)
+		err = rs_vtree_append_literal(t, file, pkl, pkl_len);
+out:
+	free(pkl);
+	free(b.items);
+	free(b.files);
+	return err;
+}
