@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gpu/cast.h"
+#include "gpu/backend.h"
 #include "gpu/executor.h"
 #include "gpu/mapped_copy.h"
 

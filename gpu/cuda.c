@@ -45,6 +45,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu/cuda.h"
+#include "gpu/backend.h"
 #include "gpu/executor.h"
 #include "gpu/mapped_copy.h"
 

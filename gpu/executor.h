@@ -1,8 +1,10 @@
 /* executor: runs a batch of copy ops (planner/plan.h) into a buffer.
  *
- * One interface, several backends behind a table of function pointers:
- * the CPU thread pool is always built; a CUDA executor plugs in where the
- * toolkit is found.  All #ifdefs choosing a backend live in executor.c.
+ * One interface, several backends behind a table of function pointers
+ * (gpu/backend.h, what backends implement): the CPU thread pool is always
+ * built; a CUDA executor plugs in where the toolkit is found.  All #ifdefs
+ * choosing a backend live in executor.c.  This header is what callers
+ * use.
  *
  * A job names its ops, the destination buffer and the source table.  It
  * completes asynchronously: `done(job, status)` is called exactly once, on
@@ -157,40 +159,5 @@ void rs_executor_get_stats(rs_executor *ex, rs_executor_stats *out);
 
 /* The kind of work a job is. */
 rs_work_kind rs_exec_job_kind(const rs_exec_job *job);
-
-/* --- for backends --- */
-
-typedef struct {
-	const char *name;
-	int (*submit)(void *impl, rs_exec_job *job);
-	/* Lets the caller's thread execute pieces of `job` (may be NULL). */
-	void (*help)(void *impl, rs_exec_job *job);
-	void (*destroy)(void *impl);
-} rs_executor_ops;
-
-/* Cuts a job into pieces of at most `max_bytes` (job->pieces, malloc'd;
- * freed by rs_exec_job_release). */
-int rs_exec_job_split(rs_exec_job *job, uint64_t max_bytes);
-void rs_exec_job_release(rs_exec_job *job);
-
-int rs_cpu_executor_create(void **impl, const rs_executor_ops **ops,
-			   unsigned threads);
-
-/* For tests of the dispatcher: like rs_executor_create, with the device
- * backend given instead of CUDA (the executor destroys it). */
-int rs_executor_create_with_device(rs_executor **out,
-				   const rs_executor_opts *o,
-				   const rs_executor_ops *dev_ops,
-				   void *dev_impl);
-
-/* The CUDA backend (gpu/cuda.c; built when CMake finds the toolkit, which
- * defines RS_HAVE_CUDA).  Its submit returns -E2BIG for a job larger than
- * its staging buffers (the caller runs it on the CPU), and a job the
- * device failed on ends with status -ENODEV: none of its destination is
- * valid and the caller reruns it on the CPU.  Create returns -ENODEV, with
- * a line in d saying why, when no listed device is usable; -ENOMEM when
- * gpu_mem cannot hold one staging lane. */
-int rs_cuda_executor_create(void **impl, const rs_executor_ops **ops,
-			    const rs_executor_opts *o, rs_diag *d);
 
 #endif

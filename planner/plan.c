@@ -331,8 +331,3 @@ int rs_plan_unroll_rows(rs_plan *p, uint64_t min_len, size_t max_runs)
 	*p = runs;
 	return 0;
 }
-
-uint64_t rs_plan_source_bytes(const rs_plan *p)
-{
-	return p->covered;
-}

@@ -76,7 +76,4 @@ bool rs_plan_is_runs(const rs_plan *p);
  * too many; p unchanged) or -ENOMEM (p unchanged). */
 int rs_plan_unroll_rows(rs_plan *p, uint64_t min_len, size_t max_runs);
 
-/* Source bytes the plan reads. */
-uint64_t rs_plan_source_bytes(const rs_plan *p);
-
 #endif

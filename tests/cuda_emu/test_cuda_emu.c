@@ -45,6 +45,7 @@
 
 #include "gpu/cast_bits.h"
 #include "gpu/cuda.h"
+#include "gpu/backend.h"
 #include "gpu/executor.h"
 #include "tests/cuda_emu/fake_cudart.h"
 #include "tests/unit/check.h"

@@ -22,6 +22,7 @@
 
 #include "gpu/cast_bits.h"
 #include "gpu/cuda.h"
+#include "gpu/backend.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
 #include "tests/unit/job_waiter.h"

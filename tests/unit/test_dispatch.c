@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/backend.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
 #include "tests/unit/source_file.h"
