@@ -17,7 +17,7 @@ static char *executor_json(rs_fs *fs)
 	rs_executor_stats es;
 	char *out = NULL;
 
-	rs_executor_get_stats(fs->exec, &es);
+	rs_executor_get_stats(fs->blocks.exec, &es);
 	for (char *c = es.cuda_status; *c; c++)
 		if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
 			*c = '\'';   /* keep the JSON valid */
@@ -55,7 +55,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 
 	if (!exec)
 		return NULL;
-	rs_cache_get_stats(fs->cache, &cs);
+	rs_cache_get_stats(fs->blocks.cache, &cs);
 	n = asprintf(&out,
 		     "{\n"
 		     "  \"bytes_served\": %llu,\n"
@@ -91,7 +91,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
-		     rs_executor_name(fs->exec), exec,
+		     rs_executor_name(fs->blocks.exec), exec,
 		     fs->layout.dtype ? rs_dtype_name(fs->layout.dtype) : "stored",
 		     fs->ck.format->name,
 		     fs->view_format->name,

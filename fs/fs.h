@@ -16,14 +16,11 @@
 #include <stdint.h>
 
 #include "formats/open.h"
-#include "fs/cache.h"
+#include "fs/blocks.h"
 #include "fs/prefetch.h"
-#include "gpu/executor.h"
 #include "planner/layout.h"
 #include "planner/vtree.h"
 
-/* Tensor segments are materialised and cached in blocks of this size. */
-#define RS_BLOCK_SIZE (4ull << 20)
 /* Largest read reply, and the request size asked of the kernel. */
 #define RS_MAX_READ (1u << 20)
 
@@ -36,8 +33,9 @@ struct rs_fs {
 	rs_checkpoint ck;
 	rs_layout layout;
 	rs_vtree tree;
-	rs_executor *exec;
-	rs_cache *cache;
+	/* The block builder's context: sources and root_path borrowed from ck,
+	 * exec and cache owned here (made in main, freed at teardown). */
+	rs_blocks blocks;
 	rs_prefetch *prefetch;
 	fuse_ino_t ctl_ino, stats_ino;
 	const rs_format_def *view_format;
@@ -87,10 +85,6 @@ void rs_open_files_free_all(rs_fs *fs);
  * NULL) is the open file, for sequential-read detection. */
 void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		rs_open_file *of, size_t size, off_t off);
-/* Block `index` of a chunk, from the cache or built now (a reference the
- * caller releases with rs_cache_release). */
-int rs_fs_get_block(rs_fs *fs, const rs_chunk *c, uint64_t index,
-		    rs_block **out);
 
 /* Checks every source a file is built from; -ESTALE (logged) when one
  * changed since mount. */

@@ -103,8 +103,8 @@ static void teardown(rs_fs *fs)
 	rs_open_files_free_all(fs);
 	pthread_mutex_destroy(&fs->open_lock);
 	rs_prefetch_stop(fs->prefetch);
-	rs_cache_free(fs->cache);
-	rs_executor_destroy(fs->exec);
+	rs_cache_free(fs->blocks.cache);
+	rs_executor_destroy(fs->blocks.exec);
 	rs_vtree_free(&fs->tree);
 	rs_layout_free(&fs->layout);
 	rs_checkpoint_close(&fs->ck);
@@ -181,6 +181,8 @@ int main(int argc, char *argv[])
 
 	if (build(&fs, &o) != 0)
 		goto out_cmd;
+	fs.blocks.sources = fs.ck.sources;
+	fs.blocks.root_path = fs.ck.root_path;
 	d = rs_diag_new();
 	if (!d || rs_executor_probe(&o.exec, d) != 0) {
 		if (d)
@@ -189,7 +191,7 @@ int main(int argc, char *argv[])
 			fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
 	}
-	if (rs_cache_new(&fs.cache, o.cache_size, o.cache_compress) != 0) {
+	if (rs_cache_new(&fs.blocks.cache, o.cache_size, o.cache_compress) != 0) {
 		fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
 	}
@@ -218,16 +220,18 @@ int main(int argc, char *argv[])
 	/* Threads do not survive the fork in fuse_daemonize: start the
 	 * executor's pool only now. */
 	o.exec.log = log_executor;
-	if (rs_executor_create(&fs.exec, &o.exec, d) != 0) {
+	if (rs_executor_create(&fs.blocks.exec, &o.exec, d) != 0) {
 		rs_log(RS_LOG_ERROR, "cannot start the executor: %s",
 		       rs_diag_line(d, 0) ? rs_diag_line(d, 0) : "out of resources");
 		goto out_unmount;
 	}
-	if (o.exec.kind == RS_EXECUTOR_AUTO)
-		rs_log(RS_LOG_INFO, "executor=auto: CUDA %s%s",
-		       rs_executor_cuda_status(fs.exec),
-		       strcmp(rs_executor_cuda_status(fs.exec), "ready") == 0
+	if (o.exec.kind == RS_EXECUTOR_AUTO) {
+		const char *cuda = rs_executor_cuda_status(fs.blocks.exec);
+
+		rs_log(RS_LOG_INFO, "executor=auto: CUDA %s%s", cuda,
+		       strcmp(cuda, "ready") == 0
 			       ? "" : "; blocks are built on the CPU");
+	}
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 

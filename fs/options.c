@@ -8,26 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OPT(t, p) { t, offsetof(rs_options, p), 1 }
-
 enum { KEY_HELP, KEY_VERSION, KEY_GPUS };
 
+/* Table entries by kind: STR stores the value in its field; GPUS goes
+ * through opt_proc, which joins the list fuse_opt split at its commas. */
+#define SPEC_STR(name, field) { name "=%s", offsetof(rs_options, field), 1 },
+#define SPEC_GPUS(name, field) FUSE_OPT_KEY(name "=", KEY_GPUS),
+#define SPEC(kind, name, field, arg, help) SPEC_##kind(name, field)
+
 static const struct fuse_opt rs_opt_spec[] = {
-	OPT("tp=%s", tp_s),
-	OPT("pp=%s", pp_s),
-	OPT("src_tp=%s", src_tp_s),
-	OPT("vocab_size=%s", vocab_size_s),
-	OPT("vocab_divisor=%s", vocab_divisor_s),
-	OPT("rules=%s", rules),
-	OPT("params=%s", params),
-	OPT("vpp=%s", vpp_s),
-	OPT("cache_size=%s", cache_size_s),
-	OPT("cache_compress=%s", cache_compress_s),
-	OPT("format=%s", format_s),
-	OPT("dtype=%s", dtype_s),
-	OPT("executor=%s", executor_s),
-	FUSE_OPT_KEY("gpus=", KEY_GPUS),
-	OPT("gpu_mem=%s", gpu_mem_s),
+	RS_OPTIONS(SPEC)
 	FUSE_OPT_KEY("-h", KEY_HELP),
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -35,38 +25,33 @@ static const struct fuse_opt rs_opt_spec[] = {
 	FUSE_OPT_END
 };
 
-/* The text of every option above; keep the two in step. */
+/* "    -o name=ARG" in a column of its own, then the help text, each of
+ * its further lines indented to the text's column. */
+#define HELP_INDENT 27
+
+static void help_line(const char *name, const char *arg, const char *help)
+{
+	int n = printf("    -o %s=%s", name, arg);
+
+	printf("%*s", n < HELP_INDENT ? HELP_INDENT - n : 1, "");
+	for (const char *p = help;; p++) {
+		size_t len = strcspn(p, "\n");
+
+		printf("%.*s\n", (int)len, p);
+		p += len;
+		if (!*p)
+			break;
+		printf("%*s", HELP_INDENT, "");
+	}
+}
+
+#define HELP(kind, name, field, arg, help) help_line(name, arg, help);
+
 void rs_options_help(void)
 {
-	printf("reshardfs options:\n"
-	       "    -o tp=N                target tensor parallelism (default: the source's)\n"
-	       "    -o pp=N                target pipeline parallelism, checked against the\n"
-	       "                           layer count (renames layers only in per-rank\n"
-	       "                           megatron views)\n"
-	       "    -o vpp=N               virtual pipeline chunks per stage (megatron views)\n"
-	       "    -o src_tp=N            source tensor parallelism (default: inferred from\n"
-	       "                           the stored chunk grid)\n"
-	       "    -o vocab_size=N        unpadded vocabulary size; the view pads it to\n"
-	       "                           ceil(N/(vocab_divisor*tp))*vocab_divisor*tp rows\n"
-	       "    -o vocab_divisor=N     Megatron's make_vocab_size_divisible_by (default 128)\n"
-	       "    -o rules=FILE          JSON sharding rules tried before the built-ins\n"
-	       "    -o params=FILE         names and shapes of a metaseq checkpoint's flat\n"
-	       "                           params, for files without shard_metadata\n"
-	       "    -o cache_size=SIZE     block cache budget: bytes, or K/M/G/T (default 1G;\n"
-	       "                           at least 1M)\n"
-	       "    -o format=FMT          layout of the view: zarr, torch_dist, megatron\n"
-	       "                           (per-rank .pt) or safetensors (default: the\n"
-	       "                           source's own; safetensors for metaseq shards)\n"
-	       "    -o cache_compress=ALG  lz4: keep colder cached blocks LZ4-compressed;\n"
-	       "                           none (default): keep every cached block raw\n"
-	       "    -o dtype=T             show floating-point tensors as bf16, f16 or f32\n"
-	       "                           (rounded to nearest even; default: as stored)\n"
-	       "    -o executor=E          who builds blocks: auto (default: the CPU, and a\n"
-	       "                           CUDA GPU for the work it measures faster at), cpu,\n"
-	       "                           or cuda (every block on the GPU; experimental)\n"
-	       "    -o gpus=LIST           CUDA devices to use, e.g. 0,1 (default: all)\n"
-	       "    -o gpu_mem=SIZE        device memory per GPU for staging (default 256M)\n"
-	       "\n");
+	printf("reshardfs options:\n");
+	RS_OPTIONS(HELP)
+	printf("\n");
 }
 
 static int opt_proc(void *data, const char *arg, int key,
@@ -302,23 +287,11 @@ int rs_options_validate(rs_options *o)
 	return bad ? -1 : 0;
 }
 
+#define FREE(kind, name, field, arg, help) free(o->field);
+
 void rs_options_free(rs_options *o)
 {
 	free(o->source);
-	free(o->rules);
-	free(o->params);
-	free(o->vpp_s);
-	free(o->tp_s);
-	free(o->pp_s);
-	free(o->src_tp_s);
-	free(o->vocab_size_s);
-	free(o->vocab_divisor_s);
-	free(o->cache_size_s);
-	free(o->cache_compress_s);
-	free(o->format_s);
-	free(o->executor_s);
-	free(o->dtype_s);
-	free(o->gpus_s);
-	free(o->gpu_mem_s);
+	RS_OPTIONS(FREE)
 	memset(o, 0, sizeof(*o));
 }

@@ -1,6 +1,10 @@
-/* options: the reshardfs -o options, parsed with one fuse_opt table that
- * also prints --help.  Values are validated here; a bad one is reported as
- * "-o name=value: problem" and the mount is refused.
+/* options: the reshardfs -o options, one list (RS_OPTIONS) from which the
+ * fuse_opt table, --help and the raw values are made.  Values are
+ * validated here; a bad one is reported as "-o name=value: problem" and
+ * the mount is refused.
+ *
+ * Ownership: rs_options owns every string in it; rs_options_free frees
+ * them.
  */
 #ifndef RS_OPTIONS_H
 #define RS_OPTIONS_H
@@ -15,23 +19,80 @@
 
 #define RS_DEFAULT_CACHE_SIZE (1ull << 30)
 
+/* Every reshardfs -o option, in --help order, as X(kind, name, field, arg,
+ * help).  The one list generates the fuse_opt table, the --help lines, the
+ * rs_options field holding each raw value and the freeing of them, so they
+ * cannot drift apart; rs_options_validate converts the values.
+ *   kind   STR: "name=VALUE", the value stored as given;
+ *          GPUS: "gpus=LIST", assembled by fs/options.c because fuse_opt
+ *          splits -o at commas;
+ *   name   as written after -o;
+ *   field  the char * member of rs_options that receives the value;
+ *   arg    what --help shows after "name=";
+ *   help   its --help text, a "\n" in it starting an indented line. */
+#define RS_OPTIONS(X)                                                         \
+	X(STR, "tp", tp_s, "N",                                               \
+	  "target tensor parallelism (default: the source's)")                \
+	X(STR, "pp", pp_s, "N",                                               \
+	  "target pipeline parallelism, checked against the\n"                \
+	  "layer count (renames layers only in per-rank\n"                    \
+	  "megatron views)")                                                  \
+	X(STR, "vpp", vpp_s, "N",                                             \
+	  "virtual pipeline chunks per stage (megatron views)")               \
+	X(STR, "src_tp", src_tp_s, "N",                                       \
+	  "source tensor parallelism (default: inferred from\n"               \
+	  "the stored chunk grid)")                                           \
+	X(STR, "vocab_size", vocab_size_s, "N",                               \
+	  "unpadded vocabulary size; the view pads it to\n"                   \
+	  "ceil(N/(vocab_divisor*tp))*vocab_divisor*tp rows")                 \
+	X(STR, "vocab_divisor", vocab_divisor_s, "N",                         \
+	  "Megatron's make_vocab_size_divisible_by (default 128)")            \
+	X(STR, "rules", rules, "FILE",                                        \
+	  "JSON sharding rules tried before the built-ins")                   \
+	X(STR, "params", params, "FILE",                                      \
+	  "names and shapes of a metaseq checkpoint's flat\n"                 \
+	  "params, for files without shard_metadata")                         \
+	X(STR, "cache_size", cache_size_s, "SIZE",                            \
+	  "block cache budget: bytes, or K/M/G/T (default 1G;\n"              \
+	  "at least 1M)")                                                     \
+	X(STR, "format", format_s, "FMT",                                     \
+	  "layout of the view: zarr, torch_dist, megatron\n"                  \
+	  "(per-rank .pt) or safetensors (default: the\n"                     \
+	  "source's own; safetensors for metaseq shards)")                    \
+	X(STR, "cache_compress", cache_compress_s, "ALG",                     \
+	  "lz4: keep colder cached blocks LZ4-compressed;\n"                  \
+	  "none (default): keep every cached block raw")                      \
+	X(STR, "dtype", dtype_s, "T",                                         \
+	  "show floating-point tensors as bf16, f16 or f32\n"                 \
+	  "(rounded to nearest even; default: as stored)")                    \
+	X(STR, "executor", executor_s, "E",                                   \
+	  "who builds blocks: auto (default: the CPU, and a\n"                \
+	  "CUDA GPU for the work it measures faster at), cpu,\n"              \
+	  "or cuda (every block on the GPU; experimental)")                   \
+	X(GPUS, "gpus", gpus_s, "LIST",                                       \
+	  "CUDA devices to use, e.g. 0,1 (default: all)")                     \
+	X(STR, "gpu_mem", gpu_mem_s, "SIZE",                                  \
+	  "device memory per GPU for staging (default 256M)")
+
+#define RS_OPTION_FIELD(kind, name, field, arg, help) char *field;
+
 typedef struct {
 	char *source;           /* first non-option argument */
 	rs_layout_opts layout;
-	char *rules;            /* -o rules=FILE */
-	char *params;           /* -o params=FILE */
 	uint64_t cache_size;
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
 	bool show_help;
 	bool show_version;
-	/* raw option strings, validated by rs_options_validate */
-	char *tp_s, *pp_s, *src_tp_s, *vocab_size_s, *vocab_divisor_s;
-	char *cache_size_s, *cache_compress_s, *format_s;
-	char *executor_s, *dtype_s, *gpus_s, *gpu_mem_s, *vpp_s;
+	/* Each option's value as given (NULL: not given): rules and params
+	 * are used as they are, the others converted into the fields above
+	 * by rs_options_validate. */
+	RS_OPTIONS(RS_OPTION_FIELD)
 	bool in_gpus;           /* parsing: the last option was gpus= */
 } rs_options;
+
+#undef RS_OPTION_FIELD
 
 /* Parses and removes reshardfs's own options and SOURCE from args; the
  * rest (mountpoint, FUSE options) stays for libfuse.  Returns 0 or -1. */

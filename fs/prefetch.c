@@ -56,8 +56,8 @@ static void run(rs_prefetch *p, const request *r)
 {
 	rs_block *blk;
 
-	if (rs_fs_get_block(p->fs, r->chunk, r->index, &blk) == 0) {
-		rs_cache_release(p->fs->cache, blk);
+	if (rs_blocks_get(&p->fs->blocks, r->chunk, r->index, &blk) == 0) {
+		rs_cache_release(p->fs->blocks.cache, blk);
 		atomic_fetch_add(&p->blocks, 1);
 	}
 }
@@ -107,7 +107,7 @@ static uint64_t window_in_file(rs_prefetch *p, const rs_vnode *n,
 			uint64_t last = (s->u.tensor.offset + hi - 1) / RS_BLOCK_SIZE;
 
 			for (uint64_t b = first; b <= last; b++) {
-				if (rs_cache_has(p->fs->cache, c->id, b))
+				if (rs_cache_has(p->fs->blocks.cache, c->id, b))
 					continue;
 				r.chunk = c;
 				r.index = b;

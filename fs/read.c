@@ -1,17 +1,16 @@
-/* The read path: file segments -> one reply vector (DESIGN.md §2).
+/* The read path: file segments -> one reply vector (docs/ARCHITECTURE.md).
  *
  * Literal and zero segments point at memory; tensor segments are served
- * from cached blocks, built on a miss by the executor; source segments are
- * read with pread into a buffer of the thread's, straight into place in the
- * reply.  Every source a file depends on is checked first, so a changed
- * source gives EIO, never stale bytes; any failure replies with an error,
- * never a short buffer (libfuse would pad a short reply with zeros).
+ * from cached blocks (fs/blocks.h), built on a miss by the executor;
+ * source segments are read with pread into a buffer of the thread's,
+ * straight into place in the reply.  Every source a file depends on is
+ * checked first, so a changed source gives EIO, never stale bytes; any
+ * failure replies with an error, never a short buffer (libfuse would pad
+ * a short reply with zeros).
  *
  * Checking first is not enough when the source changes while it is being
- * read, so every gather from a source - a block build, the source ranges
- * of a reply - runs between two stamps of the files it reads
- * (rs_sources_stamp): bytes are used only when nothing moved in between,
- * and a build that saw a change is never cached.
+ * read, so the source ranges of a reply are read in one stamp-guarded
+ * gather (rs_blocks_gather), like every block build.
  *
  * Why source ranges are copied, not spliced.  Handing libfuse the source
  * descriptor (FUSE_BUF_IS_FD) spliced the range into the reply without a
@@ -38,81 +37,7 @@
 #include "fs/log.h"
 #include "planner/array.h"
 
-/* Gathers retried when a source's ctime moved but its identity did not
- * (a chmod, a hard link, or a change undone) before the read gives EIO. */
-#define STAMP_TRIES 3
-
 static const uint8_t zeros[RS_MAX_READ];
-
-/* --- gathers between stamps --- */
-
-typedef struct {
-	uint32_t index;
-	rs_file_stamp stamp;
-} source_stamp;
-
-/* The distinct sources a gather reads. */
-typedef struct {
-	source_stamp *v;
-	size_t n, cap;
-} stamp_set;
-
-static int stamp_set_add(stamp_set *set, uint32_t index)
-{
-	int err;
-
-	for (size_t i = 0; i < set->n; i++)
-		if (set->v[i].index == index)
-			return 0;
-	err = rs_array_reserve(&set->v, &set->cap, set->n + 1,
-			       sizeof(*set->v));
-	if (!err)
-		set->v[set->n++].index = index;
-	return err;
-}
-
-static void log_changed(rs_fs *fs, uint32_t index)
-{
-	rs_log(RS_LOG_ERROR, "%s/%s: source changed while it was read; reads of files built from it fail with EIO",
-	       fs->ck.root_path, rs_sources_path(fs->ck.sources, index));
-}
-
-/* Runs gather(arg) between two stamps of every source in `set`: 0 only
- * when none of them changed meanwhile; -ESTALE (logged) when one did. */
-static int checked_gather(rs_fs *fs, stamp_set *set, int (*gather)(void *),
-			  void *arg)
-{
-	rs_sources *src = fs->ck.sources;
-	size_t i;
-	int err = 0;
-
-	for (int tries = 0; tries < STAMP_TRIES; tries++) {
-		for (i = 0; i < set->n; i++) {
-			err = rs_sources_stamp(src, set->v[i].index,
-					       &set->v[i].stamp);
-			if (err)
-				goto out;
-		}
-		err = gather(arg);
-		if (err)
-			return err;
-		for (i = 0; i < set->n; i++) {
-			err = rs_sources_recheck(src, set->v[i].index,
-						 &set->v[i].stamp);
-			if (err)
-				break;
-		}
-		if (err != -EAGAIN)
-			goto out;
-	}
-	err = -ESTALE;   /* still moving: i is the last one that moved */
-out:
-	if (err == -ESTALE)
-		log_changed(fs, set->v[i < set->n ? i : 0].index);
-	return err;
-}
-
-/* --- the reply --- */
 
 typedef struct {
 	uint32_t source;
@@ -132,7 +57,7 @@ typedef struct {
 	uint8_t *buf;
 	source_read *reads;
 	size_t nreads, cap_reads;
-	stamp_set stamps;
+	rs_stamp_set stamps;
 	rs_fs *fs;
 } reply;
 
@@ -238,91 +163,6 @@ static int hold_block(reply *r, rs_block *blk)
 	return err;
 }
 
-typedef struct {
-	rs_fs *fs;
-	const rs_chunk *chunk;
-	uint64_t begin;
-} block_job;
-
-typedef struct {
-	rs_fs *fs;
-	const rs_chunk *chunk;
-	const rs_plan *slice;
-	uint8_t *buf;
-	uint64_t len;
-} block_gather;
-
-static int run_block(void *arg)
-{
-	block_gather *g = arg;
-	rs_exec_job job = { 0 };
-
-	job.ops = g->slice->ops;
-	job.nops = g->slice->count;
-	job.dst = g->buf;
-	job.size = g->len;
-	job.zero_fill = g->slice->covered < g->slice->size;
-	job.sources = g->fs->ck.sources;
-	job.from = g->chunk->from;
-	job.to = g->chunk->to;
-	return rs_executor_run(g->fs->exec, &job);
-}
-
-/* Where view bytes [begin, begin+len) of a chunk are in its plan, which
- * is made in the stored dtype: the same range without a cast.  Blocks
- * start at multiples of RS_BLOCK_SIZE, so they start on an element. */
-static void plan_range(const rs_chunk *c, uint64_t begin, uint64_t len,
-		       uint64_t *pbegin, uint64_t *pend)
-{
-	if (c->from == c->to) {
-		*pbegin = begin;
-		*pend = begin + len;
-		return;
-	}
-	*pbegin = begin / rs_dtype_size(c->to) * rs_dtype_size(c->from);
-	*pend = (begin + len) / rs_dtype_size(c->to) * rs_dtype_size(c->from);
-}
-
-/* Cache miss: plan the block's slice of the chunk and execute it, between
- * stamps of its sources, so a source changed meanwhile fails the build
- * and nothing of it is cached. */
-static int build_block(void *arg, uint8_t *buf, uint64_t len)
-{
-	block_job *bj = arg;
-	block_gather g = { bj->fs, bj->chunk, NULL, buf, len };
-	stamp_set set = { 0 };
-	uint64_t pbegin, pend;
-	rs_plan slice;
-	int err;
-
-	plan_range(bj->chunk, bj->begin, len, &pbegin, &pend);
-	err = rs_plan_slice(&bj->chunk->plan, pbegin, pend, &slice);
-	if (err)
-		return err;
-	for (size_t i = 0; i < slice.count && !err; i++)
-		err = stamp_set_add(&set, slice.ops[i].source);
-	g.slice = &slice;
-	if (!err)
-		err = checked_gather(bj->fs, &set, run_block, &g);
-	free(set.v);
-	rs_plan_free(&slice);
-	return err;
-}
-
-int rs_fs_get_block(rs_fs *fs, const rs_chunk *c, uint64_t index,
-		    rs_block **out)
-{
-	uint64_t begin = index * RS_BLOCK_SIZE;
-	uint64_t blen = c->size - begin < RS_BLOCK_SIZE
-				? c->size - begin : RS_BLOCK_SIZE;
-	block_job bj = { fs, c, begin };
-
-	if (begin >= c->size)
-		return -EINVAL;
-	return rs_cache_get(fs->cache, c->id, index, blen, build_block, &bj,
-			    out);
-}
-
 static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 		      uint64_t from, uint64_t len)
 {
@@ -336,12 +176,12 @@ static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 		uint64_t take;
 		int err;
 
-		err = rs_fs_get_block(fs, c, index, &blk);
+		err = rs_blocks_get(&fs->blocks, c, index, &blk);
 		if (err)
 			return err;
 		err = hold_block(r, blk);
 		if (err) {
-			rs_cache_release(fs->cache, blk);
+			rs_cache_release(fs->blocks.cache, blk);
 			return err;
 		}
 		take = rs_block_len(blk) - in < len ? rs_block_len(blk) - in : len;
@@ -378,7 +218,7 @@ static int add_segment(rs_fs *fs, reply *r, const rs_segment *s,
 		err = rs_array_reserve(&r->reads, &r->cap_reads, r->nreads + 1,
 				       sizeof(*r->reads));
 		if (!err)
-			err = stamp_set_add(&r->stamps, s->u.source.index);
+			err = rs_stamp_set_add(&r->stamps, s->u.source.index);
 		if (err)
 			return err;
 		source_read *sr = &r->reads[r->nreads++];
@@ -508,7 +348,8 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		pos += len;
 	}
 	if (r.nreads) {
-		err = checked_gather(fs, &r.stamps, read_sources, &r);
+		err = rs_blocks_gather(&fs->blocks, &r.stamps,
+				       read_sources, &r);
 		if (err)
 			goto fail;
 	}
@@ -527,9 +368,9 @@ fail:
 	fuse_reply_err(req, err == -ENOMEM ? ENOMEM : EIO);
 out:
 	for (size_t i = 0; i < r.nblocks; i++)
-		rs_cache_release(fs->cache, r.blocks[i]);
+		rs_cache_release(fs->blocks.cache, r.blocks[i]);
 	free(r.blocks);
 	free(r.reads);
-	free(r.stamps.v);
+	rs_stamp_set_free(&r.stamps);
 	free(r.vec);
 }

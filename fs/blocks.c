@@ -1,0 +1,160 @@
+/* Block builds and stamp-guarded gathers; see blocks.h. */
+#include "fs/blocks.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "fs/log.h"
+#include "planner/array.h"
+
+/* Gathers retried when a source's ctime moved but its identity did not
+ * (a chmod, a hard link, or a change undone) before the read gives EIO. */
+#define STAMP_TRIES 3
+
+/* --- gathers between stamps --- */
+
+int rs_stamp_set_add(rs_stamp_set *set, uint32_t index)
+{
+	int err;
+
+	for (size_t i = 0; i < set->n; i++)
+		if (set->v[i].index == index)
+			return 0;
+	err = rs_array_reserve(&set->v, &set->cap, set->n + 1,
+			       sizeof(*set->v));
+	if (!err)
+		set->v[set->n++].index = index;
+	return err;
+}
+
+void rs_stamp_set_free(rs_stamp_set *set)
+{
+	free(set->v);
+	*set = (rs_stamp_set){ 0 };
+}
+
+static void log_changed(const rs_blocks *b, uint32_t index)
+{
+	rs_log(RS_LOG_ERROR, "%s/%s: source changed while it was read; reads of files built from it fail with EIO",
+	       b->root_path, rs_sources_path(b->sources, index));
+}
+
+int rs_blocks_gather(const rs_blocks *b, rs_stamp_set *set,
+		     int (*gather)(void *arg), void *arg)
+{
+	rs_sources *src = b->sources;
+	size_t i;
+	int err = 0;
+
+	for (int tries = 0; tries < STAMP_TRIES; tries++) {
+		for (i = 0; i < set->n; i++) {
+			err = rs_sources_stamp(src, set->v[i].index,
+					       &set->v[i].stamp);
+			if (err)
+				goto out;
+		}
+		err = gather(arg);
+		if (err)
+			return err;
+		for (i = 0; i < set->n; i++) {
+			err = rs_sources_recheck(src, set->v[i].index,
+						 &set->v[i].stamp);
+			if (err)
+				break;
+		}
+		if (err != -EAGAIN)
+			goto out;
+	}
+	err = -ESTALE;   /* still moving: i is the last one that moved */
+out:
+	if (err == -ESTALE)
+		log_changed(b, set->v[i < set->n ? i : 0].index);
+	return err;
+}
+
+/* --- blocks --- */
+
+typedef struct {
+	const rs_blocks *b;
+	const rs_chunk *chunk;
+	uint64_t begin;
+} block_job;
+
+typedef struct {
+	const rs_blocks *b;
+	const rs_chunk *chunk;
+	const rs_plan *slice;
+	uint8_t *buf;
+	uint64_t len;
+} block_gather;
+
+static int run_block(void *arg)
+{
+	block_gather *g = arg;
+	rs_exec_job job = { 0 };
+
+	job.ops = g->slice->ops;
+	job.nops = g->slice->count;
+	job.dst = g->buf;
+	job.size = g->len;
+	job.zero_fill = g->slice->covered < g->slice->size;
+	job.sources = g->b->sources;
+	job.from = g->chunk->from;
+	job.to = g->chunk->to;
+	return rs_executor_run(g->b->exec, &job);
+}
+
+/* Where view bytes [begin, begin+len) of a chunk are in its plan, which
+ * is made in the stored dtype: the same range without a cast.  Blocks
+ * start at multiples of RS_BLOCK_SIZE, so they start on an element. */
+static void plan_range(const rs_chunk *c, uint64_t begin, uint64_t len,
+		       uint64_t *pbegin, uint64_t *pend)
+{
+	if (c->from == c->to) {
+		*pbegin = begin;
+		*pend = begin + len;
+		return;
+	}
+	*pbegin = begin / rs_dtype_size(c->to) * rs_dtype_size(c->from);
+	*pend = (begin + len) / rs_dtype_size(c->to) * rs_dtype_size(c->from);
+}
+
+/* Cache miss: plan the block's slice of the chunk and execute it, between
+ * stamps of its sources, so a source changed meanwhile fails the build
+ * and nothing of it is cached. */
+static int build_block(void *arg, uint8_t *buf, uint64_t len)
+{
+	block_job *bj = arg;
+	block_gather g = { bj->b, bj->chunk, NULL, buf, len };
+	rs_stamp_set set = { 0 };
+	uint64_t pbegin, pend;
+	rs_plan slice;
+	int err;
+
+	plan_range(bj->chunk, bj->begin, len, &pbegin, &pend);
+	err = rs_plan_slice(&bj->chunk->plan, pbegin, pend, &slice);
+	if (err)
+		return err;
+	for (size_t i = 0; i < slice.count && !err; i++)
+		err = rs_stamp_set_add(&set, slice.ops[i].source);
+	g.slice = &slice;
+	if (!err)
+		err = rs_blocks_gather(bj->b, &set, run_block, &g);
+	rs_stamp_set_free(&set);
+	rs_plan_free(&slice);
+	return err;
+}
+
+int rs_blocks_get(const rs_blocks *b, const rs_chunk *c, uint64_t index,
+		  rs_block **out)
+{
+	uint64_t begin = index * RS_BLOCK_SIZE;
+	uint64_t blen = c->size - begin < RS_BLOCK_SIZE
+				? c->size - begin : RS_BLOCK_SIZE;
+	block_job bj = { b, c, begin };
+
+	if (begin >= c->size)
+		return -EINVAL;
+	return rs_cache_get(b->cache, c->id, index, blen, build_block, &bj,
+			    out);
+}

@@ -1,0 +1,78 @@
+/* blocks: tensor blocks built into the cache, and the stamp-guarded
+ * gathers every read of source bytes goes through.
+ *
+ * The FUSE-free core of the read path: fs/read.c assembles replies from
+ * what it gives, the prefetch threads (fs/prefetch.h) build blocks ahead
+ * through it, and unit tests build blocks with no mount at all.  Nothing
+ * here knows FUSE; it needs only a source table, an executor and a cache.
+ *
+ * A chunk (planner/vtree.h) is served in blocks of RS_BLOCK_SIZE bytes of
+ * its view bytes: block i holds [i*RS_BLOCK_SIZE, (i+1)*RS_BLOCK_SIZE),
+ * the last one what is left.  A block is built on a cache miss by slicing
+ * the chunk's plan and running the slice on the executor.
+ *
+ * Source files can change while they are read, so every gather from them
+ * - a block build, the source ranges of a reply - runs between two stamps
+ * of the files it reads (rs_sources_stamp): its bytes are used only when
+ * nothing moved in between, and a build that saw a change is never cached.
+ *
+ * Errors: functions return 0 or a negative errno; -ESTALE (logged, naming
+ * the file) when a source no longer matches its recorded identity or kept
+ * changing while it was read.
+ * Thread safety: every function may be called from any thread.
+ */
+#ifndef RS_BLOCKS_H
+#define RS_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fs/cache.h"
+#include "gpu/executor.h"
+#include "planner/source.h"
+#include "planner/vtree.h"
+
+/* Tensor segments are materialised and cached in blocks of this size. */
+#define RS_BLOCK_SIZE (4ull << 20)
+
+/* What blocks are built with.  Every pointer is borrowed: the owner keeps
+ * them alive while any block is built or gather runs. */
+typedef struct {
+	rs_sources *sources;
+	rs_executor *exec;
+	rs_cache *cache;
+	const char *root_path;      /* SOURCE, for log lines */
+} rs_blocks;
+
+/* Block `index` of chunk `c`, from the cache or built now: a reference the
+ * caller returns with rs_cache_release(b->cache, *out).  -EINVAL when the
+ * chunk has no such block; a failed build's error, with nothing of it
+ * cached (the next call builds it again). */
+int rs_blocks_get(const rs_blocks *b, const rs_chunk *c, uint64_t index,
+		  rs_block **out);
+
+/* The distinct sources a gather reads.  Zero-initialise; the caller owns
+ * the array and frees it with rs_stamp_set_free. */
+typedef struct {
+	uint32_t index;
+	rs_file_stamp stamp;
+} rs_source_stamp;
+
+typedef struct {
+	rs_source_stamp *v;
+	size_t n, cap;
+} rs_stamp_set;
+
+/* Adds source `index` unless it is there already.  0 or -ENOMEM. */
+int rs_stamp_set_add(rs_stamp_set *set, uint32_t index);
+void rs_stamp_set_free(rs_stamp_set *set);
+
+/* Runs gather(arg), which reads only sources in `set`, between two stamps
+ * of each of them, and runs it again (a few times at most) while only
+ * their ctimes moved: 0 when none of them changed meanwhile; gather's own
+ * error; -ESTALE (logged) when one changed or kept moving.  Bytes gather
+ * wrote are valid only on 0. */
+int rs_blocks_gather(const rs_blocks *b, rs_stamp_set *set,
+		     int (*gather)(void *arg), void *arg);
+
+#endif
