@@ -8,11 +8,11 @@
  * and whichever lane is free takes the next: blocks spread over devices by
  * load, with no scheduler to keep.
  *
- * Sizes, per lane.  The daemon builds 4 MiB blocks (fs/fs.h), so:
+ * Sizes, per lane.  The daemon builds 4 MiB blocks (fs/blocks.h), so:
  *  - result 4 MiB: one block in any dtype;
  *  - stage 8 MiB: the source of any plain block (at most the block), and
- *    of a block narrowed 2x (f32 state shown as bf16 or f16, the view
- *    DESIGN.md section 6 names).  Narrowing by more (f32 to fp8, f64 to
+ *    of a block narrowed 2x (f32 state shown as bf16 or f16, the dtype
+ *    views of README.md).  Narrowing by more (f32 to fp8, f64 to
  *    16 bits) needs 16 MiB or more of source per block; those jobs get
  *    -E2BIG and the dispatcher runs them on the CPU;
  *  - tables 1 MiB: ops, stage offsets and pieces, about 12K ops.

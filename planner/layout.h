@@ -1,7 +1,7 @@
 /* layout: the requested parallel layout, resolved per tensor.
  *
  * rs_layout_resolve decides, for every tensor of a catalog, the shape and
- * chunk grid it has in the view (DESIGN.md §5):
+ * chunk grid it has in the view (docs/ARCHITECTURE.md, "Layout semantics"):
  *
  *  - TP.  A split axis stored with fragmentation f under source TP s has
  *    fragmentation f/s*tp in the view.  f/s is the multiplier m (2 for a

@@ -12,7 +12,8 @@ struct rs_rules {
 	size_t nuser;
 };
 
-/* Megatron-core GPT/Llama names (FORMATS.md §1), then the other families.  Replicated tensors need no
+/* Megatron-core GPT/Llama names (docs/FORMATS.md, "Megatron-core dist
+ * checkpoints"), then the other families.  Replicated tensors need no
  * rule to be served correctly, but listing them keeps them out of the
  * "no rule knows this array" log. */
 static const rs_rule builtin[] = {
@@ -32,7 +33,7 @@ static const rs_rule builtin[] = {
 	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1 },
 	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1 },
 	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1 },
-	/* Legacy Megatron-LM / NeMo per-rank names (FORMATS.md §5); a gated
+	/* Legacy Megatron-LM / NeMo per-rank names (docs/FORMATS.md, "Legacy Megatron"); a gated
 	 * dense_h_to_4h is [W; V], its multiplier 2 read from the grid. */
 	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1 },
 	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1 },
@@ -69,7 +70,7 @@ static const rs_rule builtin[] = {
 	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1 },
 	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1 },
 	{ "*norm.weight", RS_SPLIT_NONE, 0, -1 },
-	/* metaseq / OPT names (FORMATS.md §6): q/k/v and fc1 on dim 0,
+	/* metaseq / OPT names (docs/FORMATS.md, "metaseq"): q/k/v and fc1 on dim 0,
 	 * out_proj and fc2 on dim 1. */
 	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1 },
 	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1 },

@@ -1,6 +1,6 @@
 /* vtree: the virtual tree a view presents, built once at mount time.
  *
- * Every file is a list of segments laid end to end (DESIGN.md §2):
+ * Every file is a list of segments laid end to end (docs/ARCHITECTURE.md, "One read"):
  *   LITERAL  bytes built at mount time (headers, rewritten metadata);
  *   ZERO     zeros (vocab padding rows, edge-chunk padding);
  *   SOURCE   one contiguous byte range of one source file, served without

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a legacy Megatron-LM per-rank checkpoint (FORMATS.md §5) of a tiny
+"""Write a legacy Megatron-LM per-rank checkpoint (docs/FORMATS.md, "Legacy Megatron") of a tiny
 GPT, the way megatron/training/checkpointing.py save_checkpoint does with
 --ckpt-format torch, plus the full parameters as an .npz oracle.
 

@@ -3,7 +3,7 @@
 
 The checkpoint looks as though mcore <= 0.15 saved it with
 ``dist_checkpointing.save(..., sharded_strategy="zarr")`` at tensor-parallel
-size TP (see shared/FORMATS.md sections 1-2):
+size TP (docs/FORMATS.md, "Megatron-core dist checkpoints" and "zarr"):
 
 * ``metadata.json`` and ``common.pt`` at the top;
 * one zarr v2 array directory per sharded tensor, layer-stacked

@@ -1,7 +1,7 @@
 /* pickle: a restricted pickle reader and a small pickle writer.
  *
  * DCP `.metadata` files (protocol 4) and torch.save `data.pkl` records
- * (protocol 2) are pickles (FORMATS.md §3-4).  reshardfs must read them
+ * (protocol 2) are pickles (docs/FORMATS.md, "torch_dist" and "torch.save").  reshardfs must read them
  * without Python and write new ones for its views.
  *
  * Reader.  rs_pickle_parse() runs the pickle machine over a buffer and

@@ -1,4 +1,5 @@
-/* torch_tensor: a tensor inside a torch.save data.pkl (FORMATS.md §4).
+/* torch_tensor: a tensor inside a torch.save data.pkl
+ * (docs/FORMATS.md, "torch.save").
  *
  * torch.save pickles a tensor as _rebuild_tensor_v2(storage, offset, size,
  * stride, ...) over a typed storage (FloatStorage, ...), or, for dtypes

@@ -1,4 +1,5 @@
-/* torchzip: the zip container torch.save writes (FORMATS.md §4).
+/* torchzip: the zip container torch.save writes
+ * (docs/FORMATS.md, "torch.save").
  *
  * The same container is a `.pt` file, `common.pt`, a legacy per-rank
  * checkpoint, and every tensor item inside a `.distcp` (a whole zip at an

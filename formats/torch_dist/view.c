@@ -1,7 +1,7 @@
 /* torch_dist view builder: catalog + layout -> a DCP checkpoint.
  *
  * The view holds what Megatron's torch_dist backend would have written had
- * the job run at the target TP (FORMATS.md §3):
+ * the job run at the target TP (docs/FORMATS.md, "torch_dist"):
  *   - `__<r>_0.distcp`, one per target TP rank: a torch.save zip per chunk
  *     that rank owns, its headers built here and its data served from the
  *     source through a plan (read straight from the source when contiguous);

@@ -4,7 +4,7 @@ This file is the executable spec the C daemon is tested against.  It shares
 no code with the daemon, and it reads the source with nothing but ``json``
 and ``np.fromfile`` (one call per stored chunk).
 
-Semantics (see shared/DESIGN.md section 5):
+Semantics (docs/ARCHITECTURE.md, "Layout semantics"):
 
 * Rules match the key after stripping an optional ``optimizer.state.<word>.``
   prefix and then an optional ``model.`` prefix.

@@ -1,4 +1,5 @@
-"""Faults under a live mount (DESIGN.md section 4, invariants 2 and 3).
+"""Faults under a live mount (docs/ARCHITECTURE.md, "Invariants": never a wrong
+byte, bounded memory).
 
 The rule for every read: EIO, or exactly the oracle's bytes.  Never stale
 bytes, never zeros, never a short read except at the end of the file.
