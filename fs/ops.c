@@ -298,11 +298,25 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		const char *json = ((rs_open_file *)(uintptr_t)fi->fh)->text;
 		size_t len = strlen(json);
 
-		if (off < 0 || (size_t)off >= len)
+		char *copy;
+
+		if (off < 0 || (size_t)off >= len) {
 			fuse_reply_buf(req, NULL, 0);
-		else
-			fuse_reply_buf(req, json + off,
-				       len - (size_t)off < size ? len - (size_t)off : size);
+			return;
+		}
+		/* The reply is sent from a copy of this read's own: once the
+		 * kernel has the reply, a RELEASE on another thread may free
+		 * the text while libfuse (and a thread checker's writev hook)
+		 * still looks at the buffer it sent. */
+		len = len - (size_t)off < size ? len - (size_t)off : size;
+		copy = malloc(len);
+		if (!copy) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		memcpy(copy, json + off, len);
+		fuse_reply_buf(req, copy, len);
+		free(copy);
 		return;
 	}
 	if (!n || n->is_dir) {
