@@ -30,6 +30,9 @@ int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 	n = strlen(ck->root_path);
 	while (n > 1 && ck->root_path[n - 1] == '/')
 		ck->root_path[--n] = 0;
+	ck->dir_path = strdup(ck->root_path);
+	if (!ck->dir_path)
+		return -ENOMEM;
 	if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
 		rs_diag_add(d, "%s: not a directory (a checkpoint is a directory)",
 			    ck->root_path);
@@ -45,11 +48,19 @@ int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 	return 0;
 }
 
+static void free_entries(rs_entry *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i].name);
+	free(v);
+}
+
 void rs_checkpoint_close(rs_checkpoint *ck)
 {
-	for (size_t i = 0; i < ck->nentries; i++)
-		free(ck->entries[i].name);
-	free(ck->entries);
+	free_entries(ck->entries, ck->nentries);
+	free_entries(ck->outer, ck->nouter);
+	free(ck->iter_dir);
+	free(ck->dir_path);
 	for (size_t i = 0; i < ck->nblobs; i++)
 		free(ck->blobs[i].fqn);
 	free(ck->blobs);
@@ -65,12 +76,16 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d)
 {
-	int fd = rs_open_beneath(rs_sources_root_fd(ck->sources), relpath,
-				 O_RDONLY);
+	char full[PATH_MAX];
 	struct stat own;
 	char *text = NULL;
-	int err = -EINVAL;
+	int fd, err = -EINVAL;
 
+	if (rs_path_join(full, ck->iter_dir ? ck->iter_dir : "", relpath)) {
+		rs_diag_add(d, "%s/%s: path too long", ck->dir_path, relpath);
+		return -EINVAL;
+	}
+	fd = rs_open_beneath(rs_sources_root_fd(ck->sources), full, O_RDONLY);
 	if (!st)
 		st = &own;
 	if (fd == -ENOENT)
@@ -80,19 +95,19 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 		 * (or, on old kernels, any final link: O_NOFOLLOW). */
 		if (fd == -EXDEV)
 			rs_diag_add(d, "%s/%s: symbolic link leads outside SOURCE",
-				    ck->root_path, relpath);
+				    ck->dir_path, relpath);
 		else if (fd == -ELOOP)
 			rs_diag_add(d, "%s/%s: symbolic link cannot be followed",
-				    ck->root_path, relpath);
+				    ck->dir_path, relpath);
 		else
-			rs_diag_add(d, "%s/%s: cannot open: %s", ck->root_path,
+			rs_diag_add(d, "%s/%s: cannot open: %s", ck->dir_path,
 				    relpath, strerror(-fd));
 		return -EINVAL;
 	}
 	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
 	    (uint64_t)st->st_size > max) {
 		rs_diag_add(d, "%s/%s: not a regular file of at most %zu bytes",
-			    ck->root_path, relpath, max);
+			    ck->dir_path, relpath, max);
 		goto out;
 	}
 	text = malloc((size_t)st->st_size + 1);
@@ -101,7 +116,7 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 		goto out;
 	}
 	if (pread(fd, text, (size_t)st->st_size, 0) != st->st_size) {
-		rs_diag_add(d, "%s/%s: short read", ck->root_path, relpath);
+		rs_diag_add(d, "%s/%s: short read", ck->dir_path, relpath);
 		free(text);
 		goto out;
 	}
@@ -137,19 +152,19 @@ static void mark_carried(const rs_checkpoint *ck, bool *carried)
 			carried[ck->entries[i].parent] = true;
 }
 
-int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t)
+/* Adds the entries v[0, n) that are carried (all, when `carried` is
+ * NULL) to t under its root. */
+static int add_entries(const rs_checkpoint *ck, const rs_entry *v, size_t n,
+		       const bool *carried, rs_vtree *t)
 {
-	bool *carried = calloc(ck->nentries + 1, sizeof(bool));
-	uint32_t *node = calloc(ck->nentries + 1, sizeof(uint32_t));
-	int err = carried && node ? 0 : -ENOMEM;
+	uint32_t *node = calloc(n + 1, sizeof(uint32_t));
+	int err = node ? 0 : -ENOMEM;
 
-	if (!err)
-		mark_carried(ck, carried);
-	for (size_t i = 0; i < ck->nentries && !err; i++) {
-		const rs_entry *e = &ck->entries[i];
+	for (size_t i = 0; i < n && !err; i++) {
+		const rs_entry *e = &v[i];
 		uint32_t parent = e->parent < 0 ? 0 : node[e->parent];
 
-		if (!carried[i])
+		if (carried && !carried[i])
 			continue;
 		if (e->is_dir) {
 			err = rs_vtree_add_dir(t, parent, e->name, e->mtime,
@@ -162,8 +177,25 @@ int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t)
 				rs_sources_id(ck->sources, e->source)->size);
 	}
 	free(node);
+	return err;
+}
+
+int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t)
+{
+	bool *carried = calloc(ck->nentries + 1, sizeof(bool));
+	int err = carried ? 0 : -ENOMEM;
+
+	if (!err) {
+		mark_carried(ck, carried);
+		err = add_entries(ck, ck->entries, ck->nentries, carried, t);
+	}
 	free(carried);
 	return err;
+}
+
+int rs_checkpoint_carry_outer(const rs_checkpoint *ck, rs_vtree *t)
+{
+	return add_entries(ck, ck->outer, ck->nouter, NULL, t);
 }
 
 int rs_checkpoint_append_blob(const rs_checkpoint *ck, const rs_blob *b,
@@ -402,6 +434,76 @@ int rs_checkpoint_walk_dir(rs_checkpoint *ck, const rs_walk_hooks *h,
 int rs_checkpoint_walk(rs_checkpoint *ck, const rs_walk_hooks *h,
 		       rs_diag *d)
 {
-	return rs_checkpoint_walk_dir(ck, h, rs_sources_root_fd(ck->sources),
-				      "", -1, 0, d);
+	int fd, err;
+
+	if (!ck->iter_dir)
+		return rs_checkpoint_walk_dir(ck, h,
+					      rs_sources_root_fd(ck->sources),
+					      "", -1, 0, d);
+	fd = rs_open_beneath(rs_sources_root_fd(ck->sources), ck->iter_dir,
+			     O_RDONLY | O_DIRECTORY);
+	if (fd < 0) {
+		rs_diag_add(d, "%s: cannot open: %s", ck->dir_path,
+			    strerror(-fd));
+		return -EINVAL;
+	}
+	err = rs_checkpoint_walk_dir(ck, h, fd, ck->iter_dir, -1, 0, d);
+	close(fd);
+	return err;
+}
+
+const char *rs_checkpoint_local(const rs_checkpoint *ck, const char *relpath)
+{
+	size_t n = ck->iter_dir ? strlen(ck->iter_dir) : 0;
+
+	if (n && strncmp(relpath, ck->iter_dir, n) == 0 && relpath[n] == '/')
+		return relpath + n + 1;
+	return relpath;
+}
+
+/* --- the checkpoint root form --- */
+
+/* Iteration directories are not part of the root's other entries: the
+ * tracked one is the checkpoint, the others are not shown. */
+static int skip_iterations(rs_checkpoint *ck, const rs_walk_hooks *h,
+			   const rs_walk_dir *w, rs_diag *d)
+{
+	return w->parent < 0 && rs_is_iteration_name(w->name)
+		       ? 0 : RS_WALK_DESCEND;
+}
+
+bool rs_is_iteration_name(const char *name)
+{
+	size_t n = strspn(name + (strncmp(name, "iter_", 5) == 0 ? 5 : 0),
+			  "0123456789");
+
+	return strcmp(name, "release") == 0 ||
+	       (strncmp(name, "iter_", 5) == 0 && n > 0 && name[5 + n] == 0);
+}
+
+int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d)
+{
+	static const rs_walk_hooks outer = { skip_iterations, NULL };
+	char *path = NULL;
+	int err;
+
+	/* The root's own entries first, into ck->entries, then kept apart:
+	 * the reader walks the iteration into a fresh list. */
+	err = rs_checkpoint_walk_dir(ck, &outer,
+				     rs_sources_root_fd(ck->sources), "", -1,
+				     0, d);
+	if (err)
+		return err;
+	ck->outer = ck->entries;
+	ck->nouter = ck->nentries;
+	ck->cap_outer = ck->cap_entries;
+	ck->entries = NULL;
+	ck->nentries = ck->cap_entries = 0;
+	ck->iter_dir = strdup(iter_dir);
+	if (!ck->iter_dir || asprintf(&path, "%s/%s", ck->root_path,
+				      iter_dir) < 0)
+		return -ENOMEM;
+	free(ck->dir_path);
+	ck->dir_path = path;
+	return 0;
 }

@@ -72,6 +72,10 @@ typedef struct {
 	/* The view shown without -o format=: NULL for this format's own,
 	 * else the name of another row. */
 	const char *default_view;
+	/* The view is what Megatron's --load reads: of a checkpoint root it
+	 * is a root too (the tracker, the root's other files, and the view
+	 * inside the tracked iteration's directory). */
+	bool keeps_root;
 } rs_format_def;
 
 /* A file or directory of SOURCE.  `parent` is the index of the enclosing
@@ -103,8 +107,21 @@ typedef struct {
 
 struct rs_checkpoint {
 	const rs_format_def *format;
-	char *root_path;
+	char *root_path;        /* SOURCE as given; source-table paths are
+				 * relative to it */
 	struct timespec root_mtime;
+	/* The checkpoint root form (a Megatron --save directory holding
+	 * latest_checkpointed_iteration.txt and iter_XXXXXXX/): iter_dir is
+	 * the tracked iteration's directory, which the reader reads as if it
+	 * were SOURCE, and `outer` lists the root's other files and
+	 * directories (the tracker among them; no iteration directory), for
+	 * views that keep the root (rs_format_def.keeps_root).  Otherwise
+	 * iter_dir is NULL and outer empty.  dir_path is the checkpoint
+	 * directory as messages name it: root_path, or root_path/iter_dir. */
+	char *iter_dir;
+	char *dir_path;
+	rs_entry *outer;
+	size_t nouter, cap_outer;
 	rs_catalog catalog;
 	rs_sources *sources;
 	rs_entry *entries;
@@ -124,7 +141,8 @@ struct rs_checkpoint {
 int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d);
 void rs_checkpoint_close(rs_checkpoint *ck);
 
-/* Reads the small metadata file `relpath` under SOURCE whole (beneath
+/* Reads the small metadata file `relpath` of the checkpoint directory
+ * (SOURCE, or the tracked iteration in the root form) whole (beneath
  * SOURCE only, a regular file of at most `max` bytes), NUL-terminated;
  * *st receives its stat (may be NULL).  -ENOENT when it does not exist (no
  * line reported); any other problem is reported as one line and gives
@@ -139,6 +157,15 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
  * checkpoint's metadata.json. */
 int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
 
+/* The root form.  rs_checkpoint_enter (formats/open.c, once it found the
+ * tracked iteration `iter_dir`) lists the root's entries but iteration
+ * directories into ck->outer and makes the iteration the checkpoint
+ * directory.  rs_checkpoint_carry_outer adds those entries to the top of
+ * a tree.  rs_is_iteration_name: "iter_<digits>" or "release". */
+int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d);
+int rs_checkpoint_carry_outer(const rs_checkpoint *ck, rs_vtree *t);
+bool rs_is_iteration_name(const char *name);
+
 /* Appends byte item b to `file`, as a list item (`as_list`, torch_dist's
  * form) or a bare object (zarr's), converting when b->listed differs
  * (formats/codec/torch_object.h).  *length receives the bytes added. */
@@ -148,7 +175,9 @@ int rs_checkpoint_append_blob(const rs_checkpoint *ck, const rs_blob *b,
 
 /* --- the SOURCE walker ---------------------------------------------------
  *
- * rs_checkpoint_walk lists SOURCE into ck->entries, names sorted within
+ * rs_checkpoint_walk lists the checkpoint directory (SOURCE, or the
+ * tracked iteration in the root form) into ck->entries (an entry's parent
+ * -1 is that directory), names sorted within
  * each directory, every regular file added to the source table with its
  * identity.  A symbolic link is followed only to a file inside SOURCE;
  * links to directories, special files, `.reshardfs` at the top (the
@@ -201,6 +230,9 @@ int rs_checkpoint_add_file(rs_checkpoint *ck, const char *relpath,
 			   rs_diag *d);
 int rs_checkpoint_stat(const rs_checkpoint *ck, int dirfd, const char *name,
 		       const char *relpath, struct stat *st, rs_diag *d);
+/* A walker's relpath (beneath SOURCE) as a path in the checkpoint
+ * directory: past "iter_dir/" in the root form. */
+const char *rs_checkpoint_local(const rs_checkpoint *ck, const char *relpath);
 int rs_list_dir(int dirfd, char ***names, size_t *count);
 void rs_list_free(char **names, size_t count);
 int rs_path_join(char *out, const char *dir, const char *name);

@@ -53,25 +53,41 @@ static void list_words(const char *const *items, size_t n, bool and,
 				       items[i]);
 }
 
-/* A SOURCE without metadata.json: a marker decides; else the files of
- * exactly one format must be at the top.  Several are refused rather
- * than guessed between. */
+#define TRACKER "latest_checkpointed_iteration.txt"
+
+/* The checkpoint directory's descriptor: SOURCE's own (dup'd), or the
+ * tracked iteration's in the root form.  The caller closes it. */
+static int open_dir(const rs_checkpoint *ck)
+{
+	int root = rs_sources_root_fd(ck->sources), fd;
+
+	if (ck->iter_dir)
+		return rs_open_beneath(root, ck->iter_dir,
+				       O_RDONLY | O_DIRECTORY);
+	fd = dup(root);
+	return fd < 0 ? -errno : fd;
+}
+
+/* What the names at the top of the checkpoint directory say: a marker
+ * decides; else the files of exactly one format must be there.  Several
+ * are refused rather than guessed between.  0 with ck->format set; 1 when
+ * no format claims the directory (nothing reported); -EINVAL (reported),
+ * -ENOMEM. */
 static int detect_by_names(rs_checkpoint *ck, rs_diag *d)
 {
-	int fd = dup(rs_sources_root_fd(ck->sources));
 	const rs_format_def *marked = NULL, *found[NFORMATS];
 	const char *example[NFORMATS];
 	char *names[NFORMATS] = { 0 };
 	size_t nfound = 0;
 	struct dirent *e;
-	DIR *dir;
-	int err = -EINVAL;
+	DIR *dir = NULL;
+	int fd = open_dir(ck), err = -EINVAL;
 
 	if (fd < 0 || !(dir = fdopendir(fd))) {
+		rs_diag_add(d, "%s: cannot list: %s", ck->dir_path,
+			    strerror(fd < 0 ? -fd : errno));
 		if (fd >= 0)
 			close(fd);
-		rs_diag_add(d, "%s: cannot list: %s", ck->root_path,
-			    strerror(errno));
 		return -EINVAL;
 	}
 	while ((e = readdir(dir))) {
@@ -122,20 +138,11 @@ static int detect_by_names(rs_checkpoint *ck, rs_diag *d)
 			example[i] = items[i] ? items[i] : found[i]->name;
 		list_words(example, nfound, true, text, sizeof(text));
 		rs_diag_add(d, "%s: holds files of more than one checkpoint format: %s",
-			    ck->root_path, text);
+			    ck->dir_path, text);
 		for (size_t i = 0; i < nfound; i++)
 			free(items[i]);
 	} else {
-		char text[NFORMATS * 64];
-		size_t n = 0;
-
-		example[n++] = "metadata.json";
-		for (size_t i = 0; i < NFORMATS; i++)
-			if (formats[i]->looks_like)
-				example[n++] = formats[i]->looks_like;
-		list_words(example, n, false, text, sizeof(text));
-		rs_diag_add(d, "%s: not a checkpoint (no %s)", ck->root_path,
-			    text);
+		err = 1;
 	}
 out:
 	for (size_t i = 0; i < nfound; i++)
@@ -144,9 +151,87 @@ out:
 	return err;
 }
 
-/* The dist checkpoint's metadata.json names its backend; a SOURCE
- * without one is detected by its names. */
-static int detect_format(rs_checkpoint *ck, rs_diag *d)
+/* The refusal of a directory no format claims: what it lacks, or, when it
+ * holds iteration directories, which ones to mount. */
+static int refuse_unknown(rs_checkpoint *ck, rs_diag *d)
+{
+	char **names = NULL, text[NFORMATS * 64], iters[3 * 300];
+	const char *example[NFORMATS + 1];
+	size_t n = 0, k = 0, last = 0;
+	int fd = open_dir(ck), err;
+
+	err = fd < 0 ? fd : rs_list_dir(fd, &names, &n);
+	if (fd >= 0)
+		close(fd);
+	if (err == -ENOMEM)
+		return err;
+	iters[0] = 0;
+	for (size_t i = 0; !err && i < n; i++)
+		if (rs_is_iteration_name(names[i])) {
+			if (k++ < 3)
+				snprintf(iters + strlen(iters),
+					 sizeof(iters) - strlen(iters), "%s%s",
+					 k > 1 ? ", " : "", names[i]);
+			last = i;
+		}
+	if (k) {
+		rs_diag_add(d, "%s: holds iteration directories (%s%s) but no %s: mount one of them, e.g. reshardfs %s/%s MOUNTPOINT",
+			    ck->dir_path, iters, k > 3 ? ", ..." : "", TRACKER,
+			    ck->dir_path, names[last]);
+	} else {
+		example[k++] = "metadata.json";
+		for (size_t i = 0; i < NFORMATS; i++)
+			if (formats[i]->looks_like)
+				example[k++] = formats[i]->looks_like;
+		list_words(example, k, false, text, sizeof(text));
+		rs_diag_add(d, "%s: not a checkpoint (no %s, or %s)",
+			    ck->dir_path, text, TRACKER);
+	}
+	rs_list_free(names, n);
+	return -EINVAL;
+}
+
+/* The tracker file's iteration, as Megatron reads it (the stripped text
+ * is an iteration number or "release"), into name[size]: 0, 1 when there
+ * is no tracker, -EINVAL (reported). */
+static int read_tracker(rs_checkpoint *ck, char *name, size_t size,
+			rs_diag *d)
+{
+	char *text = NULL, *s, *e;
+	size_t len;
+	int err = rs_checkpoint_read_file(ck, TRACKER, 64, &text, &len, NULL,
+					  d);
+
+	if (err == -ENOENT)
+		return 1;
+	if (err)
+		return err;
+	err = -EINVAL;
+	for (s = text; *s && strchr(" \t\n\r\v\f", *s); s++)
+		;
+	for (e = text + len; e > s && strchr(" \t\n\r\v\f", e[-1]); e--)
+		;
+	*e = 0;
+	if (memchr(text, 0, len) != NULL && memchr(text, 0, len) != e) {
+		/* A NUL inside: Python's int() refuses it too. */
+	} else if (strcmp(s, "release") == 0) {
+		snprintf(name, size, "release");
+		err = 0;
+	} else if (*s && strspn(s, "0123456789") == strlen(s) &&
+		   strlen(s) <= 10) {
+		snprintf(name, size, "iter_%07llu", strtoull(s, NULL, 10));
+		err = 0;
+	}
+	if (err)
+		rs_diag_add(d, "%s/%s: holds neither an iteration number nor 'release'",
+			    ck->root_path, TRACKER);
+	free(text);
+	return err;
+}
+
+/* metadata.json of the checkpoint directory names a dist checkpoint's
+ * backend: 0 with ck->format set, 1 when there is none, -EINVAL. */
+static int detect_dist(rs_checkpoint *ck, rs_diag *d)
 {
 	char *text = NULL;
 	size_t len;
@@ -158,19 +243,19 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 					  NULL, d);
 
 	if (err == -ENOENT)
-		return detect_by_names(ck, d);
+		return 1;
 	if (err)
 		return err;
 	err = rs_json_parse_object(text, len, &root, why, sizeof(why));
 	if (err == -EINVAL)
-		rs_diag_add(d, "%s/metadata.json: %s", ck->root_path, why);
+		rs_diag_add(d, "%s/metadata.json: %s", ck->dir_path, why);
 	if (err)
 		goto out;
 	err = -EINVAL;
 	backend = cJSON_GetObjectItemCaseSensitive(root, "sharded_backend");
 	if (!cJSON_IsString(backend)) {
 		rs_diag_add(d, "%s/metadata.json: not a JSON object with a \"sharded_backend\" string",
-			    ck->root_path);
+			    ck->dir_path);
 		goto out;
 	}
 	for (size_t i = 0; i < NFORMATS && err; i++)
@@ -189,12 +274,48 @@ static int detect_format(rs_checkpoint *ck, rs_diag *d)
 				known[n++] = formats[i]->dist_backend;
 		list_words(known, n, true, text_known, sizeof(text_known));
 		rs_diag_add(d, "%s/metadata.json: sharded_backend \"%s\" is not supported (%s are)",
-			    ck->root_path, backend->valuestring, text_known);
+			    ck->dir_path, backend->valuestring, text_known);
 	}
 out:
 	cJSON_Delete(root);
 	free(text);
 	return err;
+}
+
+/* The format of the checkpoint directory: its metadata.json, else its
+ * names; 1 when neither says. */
+static int detect_here(rs_checkpoint *ck, rs_diag *d)
+{
+	int err = detect_dist(ck, d);
+
+	return err == 1 ? detect_by_names(ck, d) : err;
+}
+
+/* SOURCE itself, else (with a tracker file and nothing else that says)
+ * the checkpoint root form: the tracked iteration. */
+static int detect_format(rs_checkpoint *ck, rs_diag *d)
+{
+	char iter[32];
+	struct stat st;
+	int err = detect_here(ck, d);
+
+	if (err != 1)
+		return err;
+	err = read_tracker(ck, iter, sizeof(iter), d);
+	if (err == 1)
+		return refuse_unknown(ck, d);
+	if (err)
+		return err;
+	if (fstatat(rs_sources_root_fd(ck->sources), iter, &st,
+		    AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) {
+		rs_diag_add(d, "%s/%s: names %s, which is missing", ck->root_path,
+			    TRACKER, iter);
+		return -EINVAL;
+	}
+	err = rs_checkpoint_enter(ck, iter, d);
+	if (!err)
+		err = detect_here(ck, d);
+	return err == 1 ? refuse_unknown(ck, d) : err;
 }
 
 int rs_checkpoint_open(const char *root, const rs_open_opts *o,
@@ -229,6 +350,20 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck,
 		return -EINVAL;
 	}
 	err = view->build_view(ck, l, t, d);
+	/* A root shown as a root: the view in the tracked iteration's
+	 * directory, beside the root's other files. */
+	if (!err && ck->iter_dir && view->keeps_root) {
+		struct stat st;
+		struct timespec mtime = ck->root_mtime;
+		uint32_t dir;
+
+		if (fstatat(rs_sources_root_fd(ck->sources), ck->iter_dir, &st,
+			    AT_SYMLINK_NOFOLLOW) == 0)
+			mtime = st.st_mtim;
+		err = rs_vtree_nest(t, ck->iter_dir, mtime, &dir);
+		if (!err)
+			err = rs_checkpoint_carry_outer(ck, t);
+	}
 	/* Two things of one name in the view (a tensor or byte item and a
 	 * file of SOURCE): the tree refuses the second; say so, not "File
 	 * exists". */

@@ -155,6 +155,39 @@ int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
 	return add_node(t, parent, name, false, mtime, index);
 }
 
+int rs_vtree_nest(rs_vtree *t, const char *name, struct timespec mtime,
+		  uint32_t *dir)
+{
+	rs_vnode *root, *d;
+	uint32_t *moved;
+	uint32_t n;
+	int err;
+
+	err = rs_vtree_add_dir(t, 0, name, mtime, dir);
+	if (err)
+		return err;
+	root = &t->nodes[0];
+	d = &t->nodes[*dir];
+	n = root->nchildren - 1;        /* the new directory is the last */
+	moved = malloc((n ? n : 1) * sizeof(uint32_t));
+	if (!moved)
+		return -ENOMEM;
+	memcpy(moved, root->children, n * sizeof(uint32_t));
+	for (uint32_t i = 0; i < n; i++)
+		t->nodes[moved[i]].parent = *dir;
+	free(d->children);
+	d->children = moved;
+	d->nchildren = n;
+	d->cap_children = n ? n : 1;
+	root->children[0] = *dir;
+	root->nchildren = 1;
+	/* (parent, name) keys changed: index every node again. */
+	memset(t->slots, 0, (t->mask + 1) * sizeof(uint32_t));
+	for (uint32_t i = 1; i < t->count; i++)
+		index_insert(t->slots, t->mask, t, i);
+	return 0;
+}
+
 /* Records that `file` reads `source`, keeping the list sorted and distinct. */
 static int note_source(rs_vnode *n, uint32_t source)
 {

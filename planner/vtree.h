@@ -95,6 +95,12 @@ int rs_vtree_add_dir(rs_vtree *t, uint32_t parent, const char *name,
 int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
 		      struct timespec mtime, uint32_t *index);
 
+/* Moves everything under the root into a new directory `name` of the
+ * root (*dir: its node), so a view built at the top can be shown inside
+ * an iteration directory.  -EEXIST when the root holds `name` already. */
+int rs_vtree_nest(rs_vtree *t, const char *name, struct timespec mtime,
+		  uint32_t *dir);
+
 /* Appends a segment to the end of a file.  Literal bytes are copied. */
 int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,
 			    uint64_t len);

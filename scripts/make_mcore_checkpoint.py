@@ -227,6 +227,25 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_opt
     dist.destroy_process_group()
 
 
+def resolve_load_dir(path):
+    """What Megatron-LM's --load does with a checkpoint root (its
+    checkpointing.read_metadata and get_checkpoint_name): the tracker
+    file holds an iteration number or 'release', and names the directory
+    loaded.  A directory without a tracker is loaded as it is."""
+    tracker = os.path.join(path, "latest_checkpointed_iteration.txt")
+    if not os.path.exists(tracker):
+        return path
+    with open(tracker) as f:
+        text = f.read().strip()
+    try:
+        name = "iter_{:07d}".format(int(text))
+    except ValueError:
+        if text != "release":
+            raise SystemExit(f"{tracker}: invalid metadata file")
+        name = "release"
+    return os.path.join(path, name)
+
+
 def _load_worker(rank, world_size, port, ckpt, dump, seed):
     """Builds the model at tp=world_size, loads `ckpt` (zarr or torch_dist) into it with
     megatron's own loader and writes each rank's tensors to dump.<rank>.npz."""
@@ -247,6 +266,7 @@ def _load_worker(rank, world_size, port, ckpt, dump, seed):
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
     model = build_model(world_size, seed + 1)  # different init: must be overwritten
+    ckpt = resolve_load_dir(ckpt)
     import json
     with open(os.path.join(ckpt, "metadata.json")) as f:
         backend = json.load(f)["sharded_backend"]
@@ -276,9 +296,10 @@ def main(argv=None):
     ap.add_argument("--with-optimizer", action="store_true",
                     help="take one AdamW step and also save the optimizer state")
     ap.add_argument("--load-from", metavar="CKPT",
-                    help="instead of saving: load the zarr checkpoint CKPT into a "
-                         "model at --tp and write each rank's tensors to "
-                         "OUTDIR.<rank>.npz")
+                    help="instead of saving: load the checkpoint CKPT (an "
+                         "iteration directory, or a root with its tracker "
+                         "file, as --load takes) into a model at --tp and "
+                         "write each rank's tensors to OUTDIR.<rank>.npz")
     args = ap.parse_args(argv)
 
     import torch.multiprocessing as mp

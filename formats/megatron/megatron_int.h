@@ -55,9 +55,6 @@ typedef struct {
 	uint64_t layers;
 	bool tied;              /* word embeddings double as the output layer */
 	long word_emb;          /* catalog index of the word embeddings, -1 */
-	char *iter_dir;         /* root form: "iter_0000100" or "release";
-				 * NULL when SOURCE is the iteration directory */
-	bool *carry;            /* per entry: the megatron view copies it */
 	rs_meg_tensor *tensors; /* per catalog tensor */
 	size_t ntensors;
 } rs_meg_state;

@@ -19,7 +19,6 @@
 
 #include "planner/names.h"
 
-#define TRACKER "latest_checkpointed_iteration.txt"
 #define RANK_FILE "model_optim_rng.pt"
 /* data.pkl holds the structure of model, optimizer and rng state (a few
  * hundred bytes a tensor); anything near this is not a checkpoint. */
@@ -70,8 +69,6 @@ void rs_meg_state_free(void *state)
 		free(st->tensors[i].keys);
 	}
 	free(st->tensors);
-	free(st->carry);
-	free(st->iter_dir);
 	rs_pickle_free(st->pk);
 	free(st);
 }
@@ -86,22 +83,10 @@ typedef struct {
 	rs_checkpoint *ck;
 	rs_meg_state *st;
 	rs_diag *d;
-	long iter_entry;        /* -1: SOURCE is the iteration directory */
-	char iter_path[4200];   /* for messages */
+	const char *iter_path;  /* the iteration directory, for messages */
 	rank_dir *ranks;        /* [p * T + t] */
 	bool suffix;            /* names carry the _PPP suffix */
 } finder;
-
-static long child(const rs_checkpoint *ck, long parent, const char *name,
-		  bool is_dir)
-{
-	for (size_t i = 0; i < ck->nentries; i++)
-		if (ck->entries[i].parent == parent &&
-		    ck->entries[i].is_dir == is_dir &&
-		    strcmp(ck->entries[i].name, name) == 0)
-			return (long)i;
-	return -1;
-}
 
 /* digits up to 6 of them: a rank number. */
 static const char *parse_rank(const char *s, uint32_t *out)
@@ -115,54 +100,6 @@ static const char *parse_rank(const char *s, uint32_t *out)
 		return NULL;
 	*out = v;
 	return s;
-}
-
-/* The root form: the tracker names the iteration directory. */
-static int find_iteration(finder *f)
-{
-	char *text = NULL, *s, *e;
-	size_t len;
-	int err = rs_checkpoint_read_file(f->ck, TRACKER, 64, &text, &len, NULL,
-					  f->d);
-
-	if (err == -ENOENT) {
-		rs_diag_add(f->d, "%s: no mp_rank_* directories and no %s",
-			    f->ck->root_path, TRACKER);
-		return -EINVAL;
-	}
-	if (err)
-		return err;
-	for (s = text; *s == ' ' || *s == '\n' || *s == '\r' || *s == '\t'; s++)
-		;
-	for (e = s + strlen(s); e > s && (e[-1] == ' ' || e[-1] == '\n' ||
-					  e[-1] == '\r' || e[-1] == '\t'); e--)
-		;
-	*e = 0;
-	if (strcmp(s, "release") == 0) {
-		f->st->iter_dir = strdup("release");
-	} else {
-		char *end;
-		unsigned long long it = strtoull(s, &end, 10);
-
-		if (!*s || *end || *s == '-' || *s == '+' || it > 9999999999ull) {
-			rs_diag_add(f->d, "%s/%s: holds neither an iteration number nor 'release'",
-				    f->ck->root_path, TRACKER);
-			free(text);
-			return -EINVAL;
-		}
-		if (asprintf(&f->st->iter_dir, "iter_%07llu", it) < 0)
-			f->st->iter_dir = NULL;
-	}
-	free(text);
-	if (!f->st->iter_dir)
-		return -ENOMEM;
-	f->iter_entry = child(f->ck, -1, f->st->iter_dir, true);
-	if (f->iter_entry < 0) {
-		rs_diag_add(f->d, "%s/%s: names %s, which is missing", f->ck->root_path,
-			    TRACKER, f->st->iter_dir);
-		return -EINVAL;
-	}
-	return 0;
 }
 
 static bool is_rank_dir(const rs_entry *e, long parent)
@@ -184,7 +121,7 @@ static int find_ranks(finder *f)
 		uint32_t t, p = 0;
 		const char *s;
 
-		if (!is_rank_dir(e, f->iter_entry))
+		if (!is_rank_dir(e, -1))
 			continue;
 		s = parse_rank(e->name + 8, &t);
 		if (s && *s == '_')
@@ -244,7 +181,7 @@ static int find_ranks(finder *f)
 		const char *s;
 		rank_dir *rd;
 
-		if (!is_rank_dir(e, f->iter_entry))
+		if (!is_rank_dir(e, -1))
 			continue;
 		s = parse_rank(e->name + 8, &t);
 		if (*s == '_')
@@ -288,40 +225,19 @@ static int find_ranks(finder *f)
 	return err;
 }
 
-/* Rank directories (and, in the root form, every iteration directory) are
- * what views rewrite: hidden from all of them.  The megatron view also
- * carries the rest of the iteration it writes. */
-static int mark_entries(finder *f)
+/* Rank directories are what views rewrite: hidden from all of them (the
+ * megatron view carries the rest of the iteration). */
+static void mark_entries(finder *f)
 {
 	rs_checkpoint *ck = f->ck;
-	bool *rank_tree = calloc(ck->nentries + 1, sizeof(bool));
-	bool *iter_tree = calloc(ck->nentries + 1, sizeof(bool));
-	int err = -ENOMEM;
 
-	f->st->carry = calloc(ck->nentries + 1, sizeof(bool));
-	if (!rank_tree || !iter_tree || !f->st->carry)
-		goto out;
 	for (size_t i = 0; i < ck->nentries; i++) {
 		rs_entry *e = &ck->entries[i];
-		bool top_iter = e->parent < 0 && e->is_dir && f->iter_entry >= 0 &&
-				(strncmp(e->name, "iter_", 5) == 0 ||
-				 strcmp(e->name, "release") == 0);
 
 		/* parents come before their children */
-		rank_tree[i] = is_rank_dir(e, f->iter_entry) ||
-			       (e->parent >= 0 && rank_tree[e->parent]);
-		iter_tree[i] = top_iter || (e->parent >= 0 && iter_tree[e->parent]);
-		e->hidden = rank_tree[i] || iter_tree[i];
-		f->st->carry[i] = !rank_tree[i] &&
-			(!iter_tree[i] || (long)i == f->iter_entry ||
-			 (e->parent >= 0 && f->st->carry[e->parent] &&
-			  iter_tree[e->parent]));
+		e->hidden = is_rank_dir(e, -1) ||
+			    (e->parent >= 0 && ck->entries[e->parent].hidden);
 	}
-	err = 0;
-out:
-	free(rank_tree);
-	free(iter_tree);
-	return err;
 }
 
 /* Parses one rank file's zip and data.pkl. */
@@ -441,7 +357,7 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 {
 	const rs_rules *user_rules = o->rules;
 	rs_meg_state *st = calloc(1, sizeof(*st));
-	finder f = { .ck = ck, .st = st, .d = d, .iter_entry = -1 };
+	finder f = { .ck = ck, .st = st, .d = d, .iter_path = ck->dir_path };
 	rs_meg_reader r = { .ck = ck, .st = st, .d = d };
 	rs_rules *rules = NULL;
 	int err;
@@ -454,21 +370,9 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	err = rs_checkpoint_walk(ck, NULL, d);
 	if (err)
 		return err;
-	/* Rank directories at the top: SOURCE is the iteration itself. */
-	bool top_ranks = false;
-
-	for (size_t i = 0; i < ck->nentries; i++)
-		top_ranks |= is_rank_dir(&ck->entries[i], -1);
-	if (!top_ranks) {
-		err = find_iteration(&f);
-		if (err)
-			return err;
-	}
-	snprintf(f.iter_path, sizeof(f.iter_path), "%s%s%s", ck->root_path,
-		 st->iter_dir ? "/" : "", st->iter_dir ? st->iter_dir : "");
 	err = find_ranks(&f);
 	if (!err)
-		err = mark_entries(&f);
+		mark_entries(&f);
 	if (!err && !user_rules)
 		err = rs_rules_new(&rules);
 	r.rules = user_rules ? user_rules : rules;
@@ -484,15 +388,12 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	return err;
 }
 
-/* Rank directories mark an iteration, the tracker file a checkpoint
- * root. */
+/* Rank directories mark an iteration (a checkpoint root, with its
+ * tracker file, is found by formats/open.c). */
 static rs_detect detect(const char *name, mode_t mode)
 {
-	if (S_ISDIR(mode) && strncmp(name, "mp_rank_", 8) == 0)
-		return RS_DETECT_FILES;
-	if (!S_ISDIR(mode) && strcmp(name, TRACKER) == 0)
-		return RS_DETECT_FILES;
-	return RS_DETECT_NONE;
+	return S_ISDIR(mode) && strncmp(name, "mp_rank_", 8) == 0
+		       ? RS_DETECT_FILES : RS_DETECT_NONE;
 }
 
 const rs_format_def rs_megatron_format = {
@@ -501,4 +402,5 @@ const rs_format_def rs_megatron_format = {
 	.looks_like = "mp_rank_* directories",
 	.read = rs_megatron_read,
 	.build_view = rs_megatron_build_view,
+	.keeps_root = true,
 };

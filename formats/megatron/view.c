@@ -202,7 +202,7 @@ static int pw_level(builder *b, rs_pwriter *w, const size_t *in, size_t n,
 		rs_pw_cstr(w, key);
 		if (leaf && m > 1) {
 			rs_diag_add(b->d, "%s: model key %s is both a tensor and a dict",
-				    b->ck->root_path, key);
+				    b->ck->dir_path, key);
 			err = -EINVAL;
 		} else if (leaf) {
 			const item *it = &b->items[group[0]];
@@ -291,7 +291,7 @@ static int pw_args(builder *b, rs_pwriter *w)
 		err = rs_pw_value(w, rs_pv_args(args), copy_allow, why,
 				  sizeof(why));
 	if (err) {
-		rs_diag_add(b->d, "%s: args: %s", b->ck->root_path, why);
+		rs_diag_add(b->d, "%s: args: %s", b->ck->dir_path, why);
 		return -EINVAL;
 	}
 	if (rs_pv_kind(args) == RS_PV_REDUCE)
@@ -308,7 +308,7 @@ static int pw_args(builder *b, rs_pwriter *w)
 			err = rs_pw_value(w, rs_pv_val(state, i), copy_allow,
 					  why, sizeof(why));
 		if (err) {
-			rs_diag_add(b->d, "%s: args.%s: %s", b->ck->root_path,
+			rs_diag_add(b->d, "%s: args.%s: %s", b->ck->dir_path,
 				    key ? key : "?", why);
 			return -EINVAL;
 		}
@@ -359,7 +359,7 @@ static int data_pkl(builder *b, uint8_t **out, size_t *len)
 			rs_pw_cstr(&w, key);
 			if (rs_pw_value(&w, rs_pv_val(top, i), copy_allow,
 					why, sizeof(why))) {
-				rs_diag_add(b->d, "%s: %s: %s", b->ck->root_path,
+				rs_diag_add(b->d, "%s: %s: %s", b->ck->dir_path,
 					    key, why);
 				err = -EINVAL;
 			}
@@ -502,50 +502,17 @@ static int check_layout(builder *b)
 	return 0;
 }
 
-/* The files of SOURCE the view keeps: everything but the rank files, with
- * the iteration directory (root form) re-made; *iter its node. */
-static int carry_entries(builder *b, uint32_t *iter)
-{
-	const rs_checkpoint *ck = b->ck;
-	uint32_t *node = calloc(ck->nentries + 1, sizeof(*node));
-	int err = node ? 0 : -ENOMEM;
-
-	*iter = 0;
-	for (size_t i = 0; i < ck->nentries && !err; i++) {
-		const rs_entry *e = &ck->entries[i];
-		uint32_t parent = e->parent < 0 ? 0 : node[e->parent];
-
-		if (!b->st->carry[i])
-			continue;
-		if (e->is_dir) {
-			err = rs_vtree_add_dir(b->t, parent, e->name, e->mtime,
-					       &node[i]);
-			if (!err && b->st->iter_dir && e->parent < 0 &&
-			    strcmp(e->name, b->st->iter_dir) == 0)
-				*iter = node[i];
-			continue;
-		}
-		err = rs_vtree_add_file(b->t, parent, e->name, e->mtime, &node[i]);
-		if (!err)
-			err = rs_vtree_append_source(b->t, node[i], e->source, 0,
-				rs_sources_id(ck->sources, e->source)->size);
-	}
-	free(node);
-	return err;
-}
-
 int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			   rs_vtree *t, rs_diag *d)
 {
 	builder b = { .ck = ck, .st = ck->extra, .l = l, .t = t, .d = d,
 		      .tp = l->tp, .pp = l->pp ? l->pp : 1,
 		      .vpp = l->vpp ? l->vpp : 1 };
-	uint32_t base;
 	int err;
 
 	if (ck->format != &rs_megatron_format || !b.st) {
 		rs_diag_add(d, "%s: the megatron view needs a per-rank Megatron source (choose -o format=zarr or torch_dist)",
-			    ck->root_path);
+			    ck->dir_path);
 		return -EINVAL;
 	}
 	/* Without -o pp= (and vpp=), the source's pipeline layout. */
@@ -556,7 +523,7 @@ int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	}
 	err = check_layout(&b);
 	if (!err)
-		err = carry_entries(&b, &base);
+		err = rs_checkpoint_carry(ck, t);
 	for (uint32_t p = 0; p < b.pp && !err; p++)
 		for (uint32_t r = 0; r < b.tp && !err; r++) {
 			char name[40];
@@ -568,7 +535,7 @@ int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 				snprintf(name, sizeof(name), "mp_rank_%02u", r);
 			b.p = p;
 			b.r = r;
-			err = rs_vtree_add_dir(t, base, name, ck->root_mtime, &dir);
+			err = rs_vtree_add_dir(t, 0, name, ck->root_mtime, &dir);
 			if (!err)
 				err = rs_vtree_add_file(t, dir, "model_optim_rng.pt",
 							ck->root_mtime, &file);

@@ -105,7 +105,7 @@ static int check_complete(const rs_checkpoint *ck, const ms_file *f, size_t n,
 		}
 		if (f[i].shard < k) {
 			rs_diag_add(d, "%s: %s and %s are both shard %u of model part %u",
-				    ck->root_path, f[i - 1].name, f[i].name,
+				    ck->dir_path, f[i - 1].name, f[i].name,
 				    f[i].shard, part);
 			return -EINVAL;
 		}
@@ -117,11 +117,11 @@ static int check_complete(const rs_checkpoint *ck, const ms_file *f, size_t n,
 	return 0;
 missing_shard:
 	rs_diag_add(d, "%s/%.*smodel_part-%u-shard%u.pt: missing (model parts have shards 0 to %u)",
-		    ck->root_path, (int)plen, prefix, part, k, nshards - 1);
+		    ck->dir_path, (int)plen, prefix, part, k, nshards - 1);
 	return -EINVAL;
 missing_part:
 	rs_diag_add(d, "%s: model part %u is missing (no %.*smodel_part-%u%s.pt; parts up to %u are there)",
-		    ck->root_path, part, (int)plen, prefix, part,
+		    ck->dir_path, part, (int)plen, prefix, part,
 		    sharded ? "-shard*" : "", f[n - 1].part);
 	return -EINVAL;
 }
@@ -153,7 +153,7 @@ static int find_files(rs_checkpoint *ck, ms_file **out, size_t *count,
 		f->source = e->source;
 		if (!parse_name(e->name, &plen, &f->part, &f->shard, &sharded)) {
 			rs_diag_add(d, "%s/%s: not named <prefix>model_part-<m>[-shard<d>].pt (MoE expert files and other layouts are not supported)",
-				    ck->root_path, e->name);
+				    ck->dir_path, e->name);
 			err = -EINVAL;
 			goto fail;
 		}
@@ -163,12 +163,12 @@ static int find_files(rs_checkpoint *ck, ms_file **out, size_t *count,
 		} else if (plen != plen0 ||
 			   memcmp(e->name, files[0].name, plen) != 0) {
 			rs_diag_add(d, "%s: holds the shards of more than one checkpoint (%s and %s)",
-				    ck->root_path, files[0].name, e->name);
+				    ck->dir_path, files[0].name, e->name);
 			err = -EINVAL;
 			goto fail;
 		} else if (sharded != sharded0) {
 			rs_diag_add(d, "%s: mixes <prefix>model_part-<m>.pt and <prefix>model_part-<m>-shard<d>.pt files (%s and %s)",
-				    ck->root_path, files[0].name, e->name);
+				    ck->dir_path, files[0].name, e->name);
 			err = -EINVAL;
 			goto fail;
 		}
@@ -176,7 +176,7 @@ static int find_files(rs_checkpoint *ck, ms_file **out, size_t *count,
 	}
 	if (!n) {
 		rs_diag_add(d, "%s: no <prefix>model_part-<m>[-shard<d>].pt files",
-			    ck->root_path);
+			    ck->dir_path);
 		err = -EINVAL;
 		goto fail;
 	}
@@ -311,7 +311,7 @@ static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 	uint8_t *buf = NULL;
 	int fd, err;
 
-	snprintf(where, sizeof(where), "%s/%s", ck->root_path, f->name);
+	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, f->name);
 	err = rs_sources_fd(ck->sources, f->source, &fd);
 	if (err) {
 		rs_diag_add(d, "%s: cannot open: %s", where, strerror(-err));

@@ -143,7 +143,7 @@ static int same_shape(ms_ctx *c, const ms_part *pp, const ms_ptensor *t0,
 	shape_text(pt, x, sizeof(x));
 	shape_text(t0, y, sizeof(y));
 	rs_diag_add(c->d, "%s/%s: %s has shape %s but %s in model part 0",
-		    c->ck->root_path, pp->file->name, t0->name, x, y);
+		    c->ck->dir_path, pp->file->name, t0->name, x, y);
 	return -EINVAL;
 }
 
@@ -248,13 +248,13 @@ static int peers(ms_ctx *c, const ms_part *parts, uint32_t nparts, size_t i,
 		pt[p] = ms_part_find(&parts[p], pt[0]->name);
 		if (!pt[p]) {
 			rs_diag_add(c->d, "%s/%s: has no %s, which model part 0 has",
-				    c->ck->root_path, parts[p].file->name,
+				    c->ck->dir_path, parts[p].file->name,
 				    pt[0]->name);
 			return -EINVAL;
 		}
 		if (pt[p]->dtype != pt[0]->dtype) {
 			rs_diag_add(c->d, "%s/%s: %s is %s, but %s in model part 0",
-				    c->ck->root_path, parts[p].file->name,
+				    c->ck->dir_path, parts[p].file->name,
 				    pt[0]->name, rs_dtype_name(pt[p]->dtype),
 				    rs_dtype_name(pt[0]->dtype));
 			return -EINVAL;
@@ -271,7 +271,7 @@ static int extra_names(ms_ctx *c, const ms_part *parts, uint32_t nparts)
 		     i++)
 			if (!ms_part_find(&parts[0], parts[p].t[i].name)) {
 				rs_diag_add(c->d, "%s/%s: has %s, which model part 0 has not",
-					    c->ck->root_path, parts[p].file->name,
+					    c->ck->dir_path, parts[p].file->name,
 					    parts[p].t[i].name);
 				return -EINVAL;
 			}
@@ -340,7 +340,7 @@ static int unique_outputs(ms_ctx *c, size_t base)
 		if (strcmp(cat->tensors[ix[i]].name,
 			   cat->tensors[ix[i - 1]].name) == 0) {
 			rs_diag_add(c->d, "%s: two tensors are named %s once the model parts are merged",
-				    c->ck->root_path, cat->tensors[ix[i]].name);
+				    c->ck->dir_path, cat->tensors[ix[i]].name);
 			err = -EINVAL;
 		}
 	free(ix);

@@ -13,7 +13,7 @@
 
 void ms_set_where(ms_ctx *c, const ms_file *f)
 {
-	snprintf(c->where, sizeof(c->where), "%s/%s", c->ck->root_path, f->name);
+	snprintf(c->where, sizeof(c->where), "%s/%s", c->ck->dir_path, f->name);
 }
 
 void ms_part_free(ms_part *p)
@@ -141,7 +141,7 @@ static int data_lengths(ms_ctx *c, const ms_file *f, size_t nranks, size_t k,
 			pad = f[r].meta.flats[k].padding;
 			if (pad > got) {
 				rs_diag_add(c->d, "%s/%s: %s: padding %llu is more than the %llu elements the shard holds",
-					    c->ck->root_path, f[r].name, fl->key,
+					    c->ck->dir_path, f[r].name, fl->key,
 					    (unsigned long long)pad,
 					    (unsigned long long)got);
 				return -EINVAL;
@@ -180,13 +180,13 @@ static int flat_tensors(ms_ctx *c, const ms_file *f, size_t nranks,
 
 		if (!t) {
 			rs_diag_add(c->d, "%s/%s: model has no %s (its param list names it)",
-				    c->ck->root_path, f[r].name, fl->key);
+				    c->ck->dir_path, f[r].name, fl->key);
 			return -EINVAL;
 		}
 		if (t->ndim != 1 || (t->shape[0] > 1 && t->stride[0] != 1) ||
 		    (r > 0 && t->dtype != ts[0]->dtype)) {
 			rs_diag_add(c->d, "%s/%s: %s is not a contiguous 1-d tensor of shard 0's dtype",
-				    c->ck->root_path, f[r].name, fl->key);
+				    c->ck->dir_path, f[r].name, fl->key);
 			return -EINVAL;
 		}
 		ts[r] = t;
@@ -258,7 +258,7 @@ static int same_meta(ms_ctx *c, const ms_file *f0, const ms_file *fr)
 
 	if (!b->present) {
 		rs_diag_add(c->d, "%s/%s: has no shard_metadata, but %s has",
-			    c->ck->root_path, fr->name, f0->name);
+			    c->ck->dir_path, fr->name, f0->name);
 		return -EINVAL;
 	}
 	if (a->nflats != b->nflats)
@@ -281,7 +281,7 @@ static int same_meta(ms_ctx *c, const ms_file *f0, const ms_file *fr)
 	return 0;
 differ:
 	rs_diag_add(c->d, "%s/%s: shard_metadata differs from %s's",
-		    c->ck->root_path, fr->name, f0->name);
+		    c->ck->dir_path, fr->name, f0->name);
 	return -EINVAL;
 }
 
@@ -366,7 +366,7 @@ int ms_part_build(ms_ctx *c, ms_part *p, const ms_file *f, size_t nshards,
 			err = same_meta(c, &f[0], &f[r]);
 		} else if (f[r].meta.present) {
 			rs_diag_add(c->d, "%s/%s: has shard_metadata, but %s has none",
-				    c->ck->root_path, f[r].name, f[0].name);
+				    c->ck->dir_path, f[r].name, f[0].name);
 			err = -EINVAL;
 		}
 	}

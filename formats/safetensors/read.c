@@ -438,7 +438,7 @@ static int read_file(reader *r, uint32_t src, const char *relpath)
 	char *text = NULL;
 	int err;
 
-	snprintf(where, sizeof(where), "%s/%s", ck->root_path, relpath);
+	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, relpath);
 	if (size < 8) {
 		rs_diag_add(r->d, "%s: %llu bytes, too short for the 8-byte header length",
 			    where, (unsigned long long)size);
@@ -510,7 +510,8 @@ static long file_entry(const rs_checkpoint *ck, const char *relpath)
 {
 	for (size_t i = 0; i < ck->nentries; i++)
 		if (!ck->entries[i].is_dir &&
-		    strcmp(rs_sources_path(ck->sources, ck->entries[i].source),
+		    strcmp(rs_checkpoint_local(ck, rs_sources_path(ck->sources,
+							ck->entries[i].source)),
 			   relpath) == 0)
 			return (long)i;
 	return -1;
@@ -536,7 +537,7 @@ static int read_index(reader *r, const char ***files, size_t *nfiles)
 	size_t len, n = 0, k = 0;
 	int err;
 
-	snprintf(where, sizeof(where), "%s/%s", ck->root_path, INDEX_NAME);
+	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, INDEX_NAME);
 	err = rs_checkpoint_read_file(ck, INDEX_NAME, RS_ST_INDEX_MAX, &text,
 				      &len, NULL, r->d);
 	if (err == -ENOENT)
@@ -643,11 +644,11 @@ static void check_listed(reader *r, const char *relpath, size_t first)
 			continue;
 		if (p)
 			rs_diag_add(r->d, "%s/%s: holds tensor \"%s\", which %s lists in %s",
-				    r->ck->root_path, relpath, key.tensor,
+				    r->ck->dir_path, relpath, key.tensor,
 				    INDEX_NAME, p->file);
 		else
 			rs_diag_add(r->d, "%s/%s: holds tensor \"%s\", which %s does not list",
-				    r->ck->root_path, relpath, key.tensor,
+				    r->ck->dir_path, relpath, key.tensor,
 				    INDEX_NAME);
 	}
 }
@@ -657,7 +658,7 @@ static void check_unseen(reader *r)
 	for (size_t i = 0; i < r->npairs; i++)
 		if (!r->pairs[i].seen && ++r->mismatches <= MAX_LISTED)
 			rs_diag_add(r->d, "%s/%s: lists tensor \"%s\" in %s, which does not hold it",
-				    r->ck->root_path, INDEX_NAME,
+				    r->ck->dir_path, INDEX_NAME,
 				    r->pairs[i].tensor, r->pairs[i].file);
 }
 
@@ -712,7 +713,7 @@ int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 
 		if (e < 0) {
 			rs_diag_add(d, "%s/%s: weight_map names \"%s\", which is not a file in SOURCE",
-				    ck->root_path, INDEX_NAME, files[i]);
+				    ck->dir_path, INDEX_NAME, files[i]);
 			bad = -EINVAL;
 			continue;
 		}
@@ -732,7 +733,7 @@ int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 		err = check_duplicates(&r);
 	if (r.mismatches > MAX_LISTED)
 		rs_diag_add(d, "%s: and %zu more tensors misplaced (in a file the index does not say, or in two files)",
-			    ck->root_path, r.mismatches - MAX_LISTED);
+			    ck->dir_path, r.mismatches - MAX_LISTED);
 	if (!err && r.mismatches)
 		bad = -EINVAL;
 	/* The view writes its own tensor files; with an index, top-level

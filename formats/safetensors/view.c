@@ -153,12 +153,12 @@ static int plan_members(builder *b)
 		}
 		if (!rs_utf8_is_valid(ten->name, strlen(ten->name))) {
 			rs_diag_add(b->d, "%s: tensor name \"%s\" is not valid UTF-8; a safetensors header cannot hold it",
-				    b->ck->root_path, ten->name);
+				    b->ck->dir_path, ten->name);
 			return -EINVAL;
 		}
 		if (strcmp(ten->name, "__metadata__") == 0) {
 			rs_diag_add(b->d, "%s: a tensor named \"__metadata__\" would be read as the safetensors header's metadata",
-				    b->ck->root_path);
+				    b->ck->dir_path);
 			return -EINVAL;
 		}
 		memcpy(m->shape, tg->shape, sizeof(m->shape));
@@ -195,7 +195,7 @@ static int plan_members(builder *b)
 		m->begin = at;
 		if (!rs_add_u64(at, len, &m->end)) {
 			rs_diag_add(b->d, "%s: a safetensors file of every tensor would be over 2^64 bytes",
-				    b->ck->root_path);
+				    b->ck->dir_path);
 			return -EINVAL;
 		}
 		at = m->end;
@@ -213,7 +213,7 @@ static int check_unique(builder *b)
 
 	if (!err && dup != SIZE_MAX) {
 		rs_diag_add(b->d, "%s: two tensors are named \"%s\"",
-			    b->ck->root_path, b->members[dup].name);
+			    b->ck->dir_path, b->members[dup].name);
 		err = -EINVAL;
 	}
 	return err;
@@ -272,7 +272,7 @@ static int header(builder *b, text *h)
 	n = h->len - 8;
 	if (n > RS_SAFETENSORS_HEADER_MAX) {
 		rs_diag_add(b->d, "%s: the safetensors header would be %llu bytes, over the %llu loaders accept",
-			    b->ck->root_path, (unsigned long long)n,
+			    b->ck->dir_path, (unsigned long long)n,
 			    RS_SAFETENSORS_HEADER_MAX);
 		return -EINVAL;
 	}
@@ -364,7 +364,7 @@ int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		err = rs_vtree_add_file(t, 0, name, ck->root_mtime, &file);
 		if (err == -EEXIST) {
 			rs_diag_add(d, "%s/%s: the safetensors view writes a file of this name itself",
-				    ck->root_path, name);
+				    ck->dir_path, name);
 			err = -EINVAL;
 		}
 		if (!err)

@@ -191,7 +191,7 @@ static int locate(reader *r, const item_ref *it, const char *fqn,
 	uint64_t end;
 
 	if (e < 0) {
-		rs_diag_add(r->d, "%s/%s: missing (it holds %s)", r->ck->root_path,
+		rs_diag_add(r->d, "%s/%s: missing (it holds %s)", r->ck->dir_path,
 			    it->path, fqn);
 		return -EINVAL;
 	}
@@ -199,7 +199,7 @@ static int locate(reader *r, const item_ref *it, const char *fqn,
 	if (!rs_add_u64(it->offset, it->length, &end) ||
 	    end > rs_sources_id(r->ck->sources, *source)->size) {
 		rs_diag_add(r->d, "%s/%s: item of %s at %llu+%llu lies past the end of the file",
-			    r->ck->root_path, it->path, fqn,
+			    r->ck->dir_path, it->path, fqn,
 			    (unsigned long long)it->offset,
 			    (unsigned long long)it->length);
 		return -EINVAL;
@@ -226,7 +226,7 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	if (err)
 		return err;
 	snprintf(where, sizeof(where), "%s/%s: item of %s at offset %llu",
-		 r->ck->root_path, it->path, t->name,
+		 r->ck->dir_path, it->path, t->name,
 		 (unsigned long long)it->offset);
 	err = rs_sources_fd(r->ck->sources, src, &fd);
 	if (err) {
@@ -506,7 +506,7 @@ int rs_torch_dist_read_metadata(rs_checkpoint *ck, const uint8_t *buf,
 	char perr[200];
 	int err;
 
-	snprintf(r.meta_path, sizeof(r.meta_path), "%s/.metadata", ck->root_path);
+	snprintf(r.meta_path, sizeof(r.meta_path), "%s/.metadata", ck->dir_path);
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
 	err = rs_pickle_parse(buf, len, &lim, &pk, perr, sizeof(perr));
@@ -571,7 +571,7 @@ int rs_torch_dist_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 				      RS_TORCH_DIST_METADATA_MAX, &buf, &len,
 				      NULL, d);
 	if (err == -ENOENT) {
-		rs_diag_add(d, "%s/.metadata: missing", ck->root_path);
+		rs_diag_add(d, "%s/.metadata: missing", ck->dir_path);
 		return -EINVAL;
 	}
 	if (err)
@@ -590,4 +590,5 @@ const rs_format_def rs_torch_dist_format = {
 	.looks_like = ".metadata",
 	.read = rs_torch_dist_read,
 	.build_view = rs_torch_dist_build_view,
+	.keeps_root = true,
 };

@@ -334,7 +334,7 @@ static int add_own_file(const rs_checkpoint *ck, rs_vtree *t,
 
 	if (err == -EEXIST) {
 		rs_diag_add(d, "%s/%s: the torch_dist view writes a file of this name itself",
-			    ck->root_path, name);
+			    ck->dir_path, name);
 		err = -EINVAL;
 	}
 	return err;

@@ -224,8 +224,11 @@ static int read_array(rs_checkpoint *ck, const rs_walk_hooks *h,
 		return err;
 	if ((err = rs_path_join(path, relpath, ".zarray")))
 		return err;
-	err = rs_checkpoint_read_file(ck, path, RS_ZARRAY_MAX_BYTES,
-				      &arr.zarray_text, &arr.zarray_len, &st, d);
+	/* path is beneath SOURCE, the tensor's name is its directory's path
+	 * in the checkpoint directory (they differ in the root form). */
+	err = rs_checkpoint_read_file(ck, rs_checkpoint_local(ck, path),
+				      RS_ZARRAY_MAX_BYTES, &arr.zarray_text,
+				      &arr.zarray_len, &st, d);
 	if (err == -ENOENT)
 		rs_diag_add(d, "%s/%s: vanished while reading", ck->root_path, path);
 	if (err)
@@ -235,7 +238,8 @@ static int read_array(rs_checkpoint *ck, const rs_walk_hooks *h,
 
 		snprintf(shown, sizeof(shown), "%s/%s", ck->root_path, path);
 		err = rs_zarr_parse_meta(arr.zarray_text, arr.zarray_len, shown,
-					 relpath, &ck->catalog, &arr.tensor, d);
+					 rs_checkpoint_local(ck, relpath),
+					 &ck->catalog, &arr.tensor, d);
 		if (!err)
 			err = rs_catalog_set_origin(&ck->catalog, arr.tensor, shown);
 	}
@@ -436,4 +440,5 @@ const rs_format_def rs_zarr_format = {
 	.dist_backend = "zarr",
 	.read = rs_zarr_read,
 	.build_view = rs_zarr_build_view,
+	.keeps_root = true,
 };

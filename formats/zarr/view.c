@@ -155,7 +155,7 @@ static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
 			? 0 : -ENOMEM;
 	if (err) {
 		rs_diag_add(d, "%s/%s/.zarray: cannot rewrite \"shape\"/\"chunks\"",
-			    ck->root_path, ten->name);
+			    ck->dir_path, ten->name);
 		return -EINVAL;
 	}
 	err = rs_vtree_add_file(t, dir, ".zarray", mtime, &file);
@@ -212,7 +212,7 @@ static int view_catalog(rs_vtree *t, const rs_checkpoint *ck,
 
 		if (!rs_name_is_safe(ten->name)) {
 			rs_diag_add(d, "%s: tensor name \"%s\" cannot be a directory name",
-				    ck->root_path, ten->name);
+				    ck->dir_path, ten->name);
 			return -EINVAL;
 		}
 		err = dir_at(t, 0, ten->name, ck->root_mtime, &dir);
@@ -243,7 +243,7 @@ static int view_blobs(rs_vtree *t, const rs_checkpoint *ck, rs_diag *d)
 			if (strchr(slash + 1, '/') || !rs_name_is_safe(path) ||
 			    !rs_name_is_safe(slash + 1)) {
 				rs_diag_add(d, "%s: byte item \"%s\" cannot be a file path",
-					    ck->root_path, b->fqn);
+					    ck->dir_path, b->fqn);
 				return -EINVAL;
 			}
 			err = dir_at(t, 0, path, ck->root_mtime, &dir);

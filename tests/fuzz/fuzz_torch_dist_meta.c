@@ -197,12 +197,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		nparts++;
 	}
 
-	memset(&ck, 0, sizeof(ck));
-	rs_catalog_init(&ck.catalog);
+	d = rs_diag_new();
+	RS_FUZZ_CHECK(d && rs_checkpoint_init(&ck, root, d) == 0);
 	ck.format = &rs_torch_dist_format;
-	ck.root_path = strdup(root);
-	RS_FUZZ_CHECK(ck.root_path);
-	RS_FUZZ_CHECK(rs_sources_open(&ck.sources, root) == 0);
 	ck.entries = calloc(NFILES, sizeof(rs_entry));
 	ck.cap_entries = NFILES;
 	RS_FUZZ_CHECK(ck.entries);
@@ -210,7 +207,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		add_file(&ck, i, i + 1 < nparts ? part[i + 1] : NULL,
 			 i + 1 < nparts ? len[i + 1] : 0);
 
-	d = rs_diag_new();
 	err = rs_torch_dist_read_metadata(&ck, part[0], len[0], d);
 	RS_FUZZ_CHECK(err == 0 || err == -EINVAL || err == -ENOMEM ||
 		      err == -E2BIG);

@@ -232,17 +232,27 @@ def zarr_values(path):
     return a.astype(np.float32)
 
 
+def iteration_of(mnt):
+    """A view of a checkpoint root is a root: the tracker and the tracked
+    iteration's directory, which holds the view."""
+    assert sorted(n for n in os.listdir(mnt) if n.startswith("iter_")) == \
+        [ITER]
+    assert (mnt / "latest_checkpointed_iteration.txt").exists()
+    return mnt / ITER
+
+
 @pytest.mark.parametrize("which,tp", [("src", 4), ("gated", 1), ("gated", 8)])
 def test_zarr_view(which, tp, src, gated, mount):
     ckpt, oracle = src if which == "src" else gated
     m = mount(ckpt, [f"tp={tp}", "format=zarr"])
+    view = iteration_of(m.mnt)
     want = np.load(oracle)
     names = [k for k in want.files if k != "__config__"]
-    assert set(names) <= set(os.listdir(m.mnt))
-    assert not [n for n in os.listdir(m.mnt) if n.startswith(("iter_", "mp_"))]
+    assert set(names) <= set(os.listdir(view))
+    assert not [n for n in os.listdir(view) if n.startswith(("iter_", "mp_"))]
     for k in names:
-        assert np.array_equal(zarr_values(m.mnt / k), want[k]), k
-    qkv = zarr.open(str(m.mnt / "language_model.encoder.layers.1."
+        assert np.array_equal(zarr_values(view / k), want[k]), k
+    qkv = zarr.open(str(view / "language_model.encoder.layers.1."
                         "self_attention.query_key_value.weight"), mode="r")
     assert qkv.chunks == (192 // tp, 64)
 
@@ -259,9 +269,9 @@ def test_user_rules_reach_the_reader(src, mount, tmp_path):
     rules.write_text(json.dumps({"rules": [
         {"match": "*mlp.dense_4h_to_h.weight", "split": "replicated"}]}))
     m = mount(ckpt, ["format=zarr"])
-    assert zarr_values(m.mnt / name).shape == full.shape
+    assert zarr_values(iteration_of(m.mnt) / name).shape == full.shape
     m2 = mount(ckpt, ["format=zarr", f"rules={rules}"])
-    got = zarr_values(m2.mnt / name)
+    got = zarr_values(iteration_of(m2.mnt) / name)
     assert got.shape == (full.shape[0], full.shape[1] // 2)
     assert np.array_equal(got, full[:, :full.shape[1] // 2])
 
@@ -269,7 +279,7 @@ def test_user_rules_reach_the_reader(src, mount, tmp_path):
 def test_torch_dist_view(gated, mount, tmp_path):
     m = mount(gated[0], ["tp=2", "format=torch_dist"])
     out = tmp_path / "dump.npz"
-    run_py(HERE / "dcp_dump.py", m.mnt, out)
+    run_py(HERE / "dcp_dump.py", iteration_of(m.mnt), out)
     got, want = np.load(out), np.load(gated[1])
     for k in want.files:
         if k != "__config__":
