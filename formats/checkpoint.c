@@ -13,8 +13,40 @@
 #include <unistd.h>
 
 #include "formats/codec/torch_object.h"
+#include "formats/codec/torchzip.h"
 #include "planner/array.h"
 #include "planner/names.h"
+
+const char *const rs_megatron_allow[] = {
+	"torch.*",
+	"collections.OrderedDict",
+	"_codecs.encode",
+	"builtins.set",
+	"builtins.frozenset",
+	"builtins.bytearray",
+	"argparse.Namespace",
+	"types.SimpleNamespace",
+	"pathlib.PosixPath",
+	/* np.random.get_state() in rng_state */
+	"numpy.core.multiarray._reconstruct",
+	"numpy._core.multiarray._reconstruct",
+	"numpy.core.multiarray.scalar",
+	"numpy._core.multiarray.scalar",
+	"numpy.ndarray",
+	"numpy.dtype",
+	"numpy.dtypes.*",
+	/* enum members args hold (model_type, attention_backend, fp8_recipe)
+	 * and the rerun state, as megatron/core/safe_globals.py lists them;
+	 * older Megatron-LM kept the enums under megatron.model. */
+	"megatron.core.enums.*",
+	"megatron.core.transformer.enums.*",
+	"megatron.core.rerun_state_machine.RerunDiagnostic",
+	"megatron.core.rerun_state_machine.RerunMode",
+	"megatron.core.rerun_state_machine.RerunState",
+	"megatron.legacy.model.enums.*",
+	"megatron.model.enums.*",
+	NULL,
+};
 
 int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 {
@@ -506,4 +538,83 @@ int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d)
 	free(ck->dir_path);
 	ck->dir_path = path;
 	return 0;
+}
+
+/* --- model facts from Megatron's args --- */
+
+/* A non-negative int field of args, or 0. */
+static uint32_t args_u32(const rs_pvalue *args, const char *name)
+{
+	int64_t v;
+
+	if (rs_pv_int(rs_pv_get(args, name), &v) != 0 || v < 0 ||
+	    v > UINT32_MAX)
+		return 0;
+	return (uint32_t)v;
+}
+
+void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
+				   const char *from)
+{
+	bool gqa = false;
+	uint32_t heads = args_u32(args, "num_attention_heads");
+	uint32_t groups = heads;
+
+	if (rs_pv_bool(rs_pv_get(args, "group_query_attention"), &gqa) == 0 &&
+	    gqa)
+		groups = args_u32(args, "num_query_groups");
+	if (!heads || !groups)
+		return;
+	ck->facts.heads = heads;
+	ck->facts.query_groups = groups;
+	ck->facts.from = from;
+}
+
+/* Megatron-LM's common.pt is args, optimizer param groups and rng state:
+ * kilobytes. */
+#define COMMON_PKL_MAX (64u << 20)
+
+int rs_checkpoint_read_common(rs_checkpoint *ck)
+{
+	char perr[RS_ZIP_MSG_SIZE];
+	rs_pickle_limits lim;
+	rs_pickle *pk = NULL;
+	rs_zip z = { 0 };
+	const rs_zip_entry *pe;
+	uint8_t *pkl = NULL;
+	const rs_pvalue *args;
+	uint32_t src = UINT32_MAX;
+	int fd, err = 0;
+
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, "common.pt") == 0)
+			src = ck->entries[i].source;
+	if (src == UINT32_MAX || rs_sources_fd(ck->sources, src, &fd) != 0 ||
+	    rs_zip_open(&z, fd, 0, rs_sources_id(ck->sources, src)->size, perr,
+			sizeof(perr)) != 0)
+		goto out;
+	pe = rs_zip_find(&z, "data.pkl");
+	if (!pe || pe->size > COMMON_PKL_MAX)
+		goto out;
+	pkl = malloc(pe->size ? pe->size : 1);
+	if (!pkl) {
+		err = -ENOMEM;
+		goto out;
+	}
+	if (rs_pread_full(fd, pkl, pe->size, pe->offset) != 0)
+		goto out;
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_megatron_allow;
+	if (rs_pickle_parse(pkl, pe->size, &lim, &pk, perr, sizeof(perr)) != 0)
+		goto out;
+	args = rs_pv_get(rs_pickle_root(pk), "args");
+	if (rs_pv_call_is(args, "argparse.Namespace"))
+		rs_checkpoint_facts_from_args(ck, rs_pv_state(args),
+					      "common.pt args");
+out:
+	rs_pickle_free(pk);
+	free(pkl);
+	rs_zip_free(&z);
+	return err;
 }

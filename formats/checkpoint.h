@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "formats/codec/pickle.h"
 #include "planner/catalog.h"
 #include "planner/diag.h"
 #include "planner/layout.h"
@@ -105,6 +106,15 @@ typedef struct {
 	bool listed;            /* torch_dist's [object], not the bare object */
 } rs_blob;
 
+/* What the tensor shapes cannot tell about the model, from the
+ * checkpoint's own records (Megatron's args, an HF config.json); 0 where
+ * unknown.  The layout refuses a TP that would cut a query group. */
+typedef struct {
+	uint32_t heads;         /* attention heads */
+	uint32_t query_groups;  /* GQA query groups (KV heads); heads for MHA */
+	const char *from;       /* which record said so, for messages */
+} rs_model_facts;
+
 struct rs_checkpoint {
 	const rs_format_def *format;
 	char *root_path;        /* SOURCE as given; source-table paths are
@@ -128,6 +138,7 @@ struct rs_checkpoint {
 	size_t nentries, cap_entries;
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
+	rs_model_facts facts;
 	/* What a format's reader keeps for its own view (the legacy Megatron
 	 * args, the zarr array texts), freed with extra_free at close.  A
 	 * view reads it only when ck->format is its own format's row. */
@@ -156,6 +167,23 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
  * tree, under its directories - not hidden entries, byte items, or a dist
  * checkpoint's metadata.json. */
 int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
+
+/* Megatron's saved args (an argparse.Namespace's parsed state dict: the
+ * legacy rank files' and a dist checkpoint's common.pt `args`) into
+ * ck->facts: num_attention_heads, and num_query_groups when
+ * group_query_attention is set.  `from` names the record in messages. */
+void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
+				   const char *from);
+
+/* A dist checkpoint's common.pt, when it has one with args, into
+ * ck->facts.  Optional: a common.pt this cannot read leaves the facts
+ * unknown, never refuses the checkpoint.  0 or -ENOMEM. */
+int rs_checkpoint_read_common(rs_checkpoint *ck);
+
+/* GLOBALs Megatron-LM's saved state may name (args with their enums and
+ * paths, numpy rng state, the rerun state machine): the legacy reader's
+ * allowlist, and common.pt's. */
+extern const char *const rs_megatron_allow[];
 
 /* The root form.  rs_checkpoint_enter (formats/open.c, once it found the
  * tracked iteration `iter_dir`) lists the root's entries but iteration

@@ -328,6 +328,8 @@ int rs_checkpoint_open(const char *root, const rs_open_opts *o,
 		err = detect_format(ck, d);
 	if (!err)
 		err = ck->format->read(ck, o ? o : &none, d);
+	if (!err && ck->format->dist_backend)
+		err = rs_checkpoint_read_common(ck);
 	if (err)
 		rs_checkpoint_close(ck);
 	return err;

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "formats/open.h"
 #include "fs/blocks.h"
@@ -93,6 +94,10 @@ int rs_fs_check_sources(rs_fs *fs, const rs_vnode *n);
 /* The user.reshardfs.sources xattr value of a file (malloc'd text). */
 int rs_fs_sources_xattr(rs_fs *fs, const rs_vnode *n, char **out,
 			size_t *len);
+
+/* --dry-run: the view's format, layout, sizes and (verbose) each
+ * tensor's split, printed to out (fs/dry_run.c). */
+void rs_fs_dry_run(const rs_fs *fs, bool verbose, FILE *out);
 
 /* The stats JSON document (malloc'd). */
 char *rs_fs_stats_json(rs_fs *fs, size_t *len);

@@ -1,12 +1,14 @@
 /* reshardfs: mount a training checkpoint as another parallel layout.
  *
  *   reshardfs [options] SOURCE MOUNTPOINT
+ *   reshardfs --dry-run [-v] SOURCE [options]
  *
  * Everything that can refuse the mount - options, the checkpoint's
  * metadata, the layout - is checked before anything is mounted, so a bad
  * source fails with its reasons on stderr and leaves no mount behind.
  */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,10 +24,17 @@
 
 static void usage(const char *prog)
 {
-	printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
+	printf("usage: %s [options] SOURCE MOUNTPOINT\n"
+	       "       %s --dry-run [-v] SOURCE [-o options]\n\n"
 	       "Shows the checkpoint in SOURCE at MOUNTPOINT as though it had been saved\n"
-	       "under the requested parallel layout.  Read-only; computed on read.\n\n",
-	       prog);
+	       "under the requested parallel layout.  Read-only; computed on read.\n"
+	       "SOURCE is a checkpoint directory, or a Megatron checkpoint root (its\n"
+	       "latest_checkpointed_iteration.txt names the iteration shown).\n\n"
+	       "    --dry-run              print what the view would be (format, layout,\n"
+	       "                           tensors, files, bytes) and exit: 0, or 1 with\n"
+	       "                           the reasons it would be refused\n"
+	       "    -v, --verbose          with --dry-run: one line per tensor\n\n",
+	       prog, prog);
 	rs_options_help();
 	printf("FUSE options:\n");
 	fuse_cmdline_help();
@@ -47,32 +56,101 @@ static void log_executor(const char *line)
 	rs_log(RS_LOG_ERROR, "%s", line);
 }
 
-/* Catalog, layout and tree; on failure prints why. */
+/* The tp values (up to 128) at which the layout resolves, as "1, 2, 4",
+ * into out; empty when none does. */
+static void working_tps(const rs_checkpoint *ck, const rs_rules *rules,
+			const rs_layout_opts *lo, char *out, size_t size)
+{
+	size_t at = 0;
+
+	out[0] = 0;
+	for (uint32_t tp = 1; tp <= 128 && at + 8 < size; tp++) {
+		rs_layout_opts try = *lo;
+		rs_layout l;
+		rs_diag *quiet = rs_diag_new();
+
+		try.tp = tp;
+		if (quiet && rs_layout_resolve(&ck->catalog, rules, &try, &l,
+					       quiet) == 0) {
+			at += (size_t)snprintf(out + at, size - at, "%s%u",
+					       at ? ", " : "", tp);
+			rs_layout_free(&l);
+		}
+		rs_diag_free(quiet);
+	}
+}
+
+/* Megatron splits attention by whole heads and whole query groups, and
+ * cannot build a model whose tp divides either not: when the checkpoint
+ * records them, a view that cuts them is mounted (its bytes are right)
+ * with a warning saying which tp values keep them whole. */
+static void warn_heads(const rs_checkpoint *ck, const rs_layout *l)
+{
+	const rs_model_facts *f = &ck->facts;
+	char whole[200] = "";
+	size_t at = 0;
+
+	if (!f->heads || !f->query_groups ||
+	    (f->heads % l->tp == 0 && f->query_groups % l->tp == 0))
+		return;
+	for (uint32_t tp = 1; tp <= f->query_groups && at + 8 < sizeof(whole); tp++)
+		if (f->query_groups % tp == 0 && f->heads % tp == 0)
+			at += (size_t)snprintf(whole + at, sizeof(whole) - at,
+					       "%s%u", at ? ", " : "", tp);
+	fprintf(stderr, "reshardfs: warning: tp=%u cuts the model's %u query groups (%u attention heads, from %s): each rank holds parts of heads, and megatron-core cannot build it; tp values that keep them whole: %s\n",
+		l->tp, f->query_groups, f->heads, f->from, whole);
+}
+
+/* Catalog, layout and tree; on failure prints why: a one-line summary,
+ * then every problem. */
 static int build(rs_fs *fs, const rs_options *o)
 {
 	rs_open_opts open_opts = { .params_file = o->params };
+	rs_layout_opts lo = o->layout;
 	rs_rules *rules = NULL;
 	rs_diag *d = rs_diag_new();
+	char summary[600] = "";
 	int err = -ENOMEM;
 
 	if (!d || rs_rules_new(&rules))
 		goto out;
-	if (o->rules && (err = rs_rules_load_json(rules, o->rules, d)))
+	if (o->rules && (err = rs_rules_load_json(rules, o->rules, d))) {
+		snprintf(summary, sizeof(summary), "-o rules=%s refused",
+			 o->rules);
 		goto out;
+	}
 	open_opts.rules = rules;
 	err = rs_checkpoint_open(o->source, &open_opts, &fs->ck, d);
-	if (err)
+	if (err) {
+		snprintf(summary, sizeof(summary), "not a checkpoint reshardfs can read");
 		goto out;
-	err = rs_layout_resolve(&fs->ck.catalog, rules, &o->layout,
-				&fs->layout, d);
-	if (err)
+	}
+	err = rs_layout_resolve(&fs->ck.catalog, rules, &lo, &fs->layout, d);
+	if (err) {
+		char tps[400];
+
+		working_tps(&fs->ck, rules, &lo, tps, sizeof(tps));
+		if (lo.tp)
+			snprintf(summary, sizeof(summary),
+				 "the layout does not fit this %s checkpoint at tp=%u%s%s",
+				 fs->ck.format->name, lo.tp,
+				 tps[0] ? "; tp values that work: " : "", tps);
+		else
+			snprintf(summary, sizeof(summary),
+				 "the layout does not fit this %s checkpoint", fs->ck.format->name);
 		goto out_ck;
+	}
 	fs->view_format = o->view_format ? o->view_format
 					 : rs_format_default_view(fs->ck.format);
 	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
 				       &fs->tree, d);
-	if (err)
+	if (err) {
+		snprintf(summary, sizeof(summary),
+			 "the %s view of this %s checkpoint cannot be built",
+			 fs->view_format->name, fs->ck.format->name);
 		goto out_tree; /* a partly built tree is freed too */
+	}
+	warn_heads(&fs->ck, &fs->layout);
 	for (size_t i = 0; i < fs->ck.catalog.count; i++)
 		if (!fs->layout.targets[i].has_rule)
 			rs_log(RS_LOG_DEBUG, "%s: no sharding rule; stored grid kept",
@@ -88,6 +166,12 @@ out_tree:
 out_ck:
 	rs_checkpoint_close(&fs->ck);
 out:
+	if (err && summary[0]) {
+		size_t n = rs_diag_count(d);
+
+		fprintf(stderr, "reshardfs: %s: refused: %s (%zu problem%s below)\n",
+			o->source, summary, n, n == 1 ? "" : "s");
+	}
 	if (err == -ENOMEM && rs_diag_count(d) == 0)
 		fprintf(stderr, "reshardfs: out of memory\n");
 	else if (err && rs_diag_count(d) == 0)
@@ -96,6 +180,45 @@ out:
 	rs_diag_free(d);
 	rs_rules_free(rules);
 	return err;
+}
+
+/* Whether path is already where something is mounted (by
+ * /proc/self/mountinfo): reshardfs would hide it, or stack on it. */
+static bool is_mounted_at(const char *path, char *what, size_t size)
+{
+	char real[PATH_MAX], line[8192];
+	bool found = false;
+	FILE *f;
+
+	if (!realpath(path, real) || !(f = fopen("/proc/self/mountinfo", "re")))
+		return false;
+	while (fgets(line, sizeof(line), f)) {
+		char mnt[PATH_MAX], *p = line, *dash;
+		size_t n = 0;
+		int field = 0;
+
+		/* Field 5 is the mount point, octal-escaped (\040 ...). */
+		for (; *p && field < 4; p++)
+			field += *p == ' ';
+		for (; *p && *p != ' ' && n + 1 < sizeof(mnt); p++) {
+			if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] && p[3]) {
+				mnt[n++] = (char)((p[1] - '0') * 64 + (p[2] - '0') * 8 +
+						  (p[3] - '0'));
+				p += 3;
+			} else {
+				mnt[n++] = *p;
+			}
+		}
+		mnt[n] = 0;
+		if (strcmp(mnt, real) != 0)
+			continue;
+		found = true;
+		dash = strstr(p, " - ");
+		snprintf(what, size, "%s", dash ? dash + 3 : "");
+		what[strcspn(what, " \n")] = 0;
+	}
+	fclose(f);
+	return found;
 }
 
 static void teardown(rs_fs *fs)
@@ -154,6 +277,10 @@ int main(int argc, char *argv[])
 	rs_diag *d = NULL;
 	int ret = 1;
 
+	if (rs_options_hint(argc, argv) != 0) {
+		ret = 2;
+		goto out_args;
+	}
 	if (rs_options_parse(&args, &o) != 0)
 		goto out_opts;
 	if (fuse_parse_cmdline(&args, &cmd) != 0)
@@ -169,18 +296,33 @@ int main(int argc, char *argv[])
 		ret = 0;
 		goto out_cmd;
 	}
-	if (!o.source || !cmd.mountpoint) {
-		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n",
-			argv[0]);
+	if (!o.source || (!cmd.mountpoint && !o.dry_run)) {
+		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT, or %s --dry-run [-v] SOURCE [-o options] (see --help)\n",
+			argv[0], argv[0]);
 		goto out_cmd;
 	}
 	if (rs_options_validate(&o) != 0)
 		goto out_cmd;
+	if (!o.dry_run) {
+		char what[256];
+
+		if (is_mounted_at(cmd.mountpoint, what, sizeof(what))) {
+			fprintf(stderr, "reshardfs: %s: already a mount point (%s); unmount it first (fusermount3 -u %s) or choose another directory\n",
+				cmd.mountpoint, what[0] ? what : "mounted",
+				cmd.mountpoint);
+			goto out_cmd;
+		}
+	}
 	rs_log_setup(cmd.debug);
 	raise_fd_limit();
 
 	if (build(&fs, &o) != 0)
 		goto out_cmd;
+	if (o.dry_run) {
+		rs_fs_dry_run(&fs, o.verbose, stdout);
+		ret = 0;
+		goto out_dry;
+	}
 	fs.blocks.sources = fs.ck.sources;
 	fs.blocks.root_path = fs.ck.root_path;
 	d = rs_diag_new();
@@ -263,11 +405,13 @@ out_session:
 	fuse_session_destroy(se);
 out_fs:
 	rs_diag_free(d);
+out_dry:
 	teardown(&fs);
 out_cmd:
 	free(cmd.mountpoint);
 out_opts:
 	rs_options_free(&o);
+out_args:
 	fuse_opt_free_args(&args);
 	return ret;
 }

@@ -7,8 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-enum { KEY_HELP, KEY_VERSION, KEY_GPUS };
+enum { KEY_HELP, KEY_VERSION, KEY_GPUS, KEY_DRY_RUN, KEY_VERBOSE };
 
 /* Table entries by kind: STR stores the value in its field; GPUS goes
  * through opt_proc, which joins the list fuse_opt split at its commas. */
@@ -22,6 +23,9 @@ static const struct fuse_opt rs_opt_spec[] = {
 	FUSE_OPT_KEY("--help", KEY_HELP),
 	FUSE_OPT_KEY("-V", KEY_VERSION),
 	FUSE_OPT_KEY("--version", KEY_VERSION),
+	FUSE_OPT_KEY("--dry-run", KEY_DRY_RUN),
+	FUSE_OPT_KEY("-v", KEY_VERBOSE),
+	FUSE_OPT_KEY("--verbose", KEY_VERBOSE),
 	FUSE_OPT_END
 };
 
@@ -90,9 +94,58 @@ static int opt_proc(void *data, const char *arg, int key,
 	case KEY_VERSION:
 		o->show_version = true;
 		return 1;
+	case KEY_DRY_RUN:
+		o->dry_run = true;
+		return 0;
+	case KEY_VERBOSE:
+		o->verbose = true;
+		return 0;
 	default:
 		return 1;
 	}
+}
+
+#define KNOWN(kind, name, field, arg, help) name,
+static const char *const known_names[] = { RS_OPTIONS(KNOWN) NULL };
+
+/* `name` (its first len bytes) is one of the -o options. */
+static bool is_known(const char *name, size_t len)
+{
+	for (const char *const *k = known_names; *k; k++)
+		if (strlen(*k) == len && strncmp(*k, name, len) == 0)
+			return true;
+	return false;
+}
+
+int rs_options_hint(int argc, char *argv[])
+{
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *eq;
+		const char *name = a, *value = NULL;
+
+		if (strcmp(a, "-o") == 0) {
+			i++;            /* its value is -o's own */
+			continue;
+		}
+		if (strncmp(a, "--", 2) == 0) {
+			name = a + 2;
+			eq = strchr(name, '=');
+			value = eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : "VALUE");
+		} else if (a[0] == '-' || !(eq = strchr(a, '=')) ||
+			   access(a, F_OK) == 0) {
+			continue;       /* an option of libfuse's, or a path */
+		} else {
+			value = eq + 1;
+		}
+		eq = strchr(name, '=');
+		if (!is_known(name, eq ? (size_t)(eq - name) : strlen(name)))
+			continue;
+		fprintf(stderr, "reshardfs: %s: did you mean -o %.*s=%s?\n", a,
+			(int)(eq ? (size_t)(eq - name) : strlen(name)), name,
+			value);
+		return -1;
+	}
+	return 0;
 }
 
 int rs_options_parse(struct fuse_args *args, rs_options *o)

@@ -85,6 +85,8 @@ typedef struct {
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
 	bool show_help;
 	bool show_version;
+	bool dry_run;           /* --dry-run: print the view, mount nothing */
+	bool verbose;           /* -v: with --dry-run, a line per tensor */
 	/* Each option's value as given (NULL: not given): rules and params
 	 * are used as they are, the others converted into the fields above
 	 * by rs_options_validate. */
@@ -93,6 +95,11 @@ typedef struct {
 } rs_options;
 
 #undef RS_OPTION_FIELD
+
+/* Looks for reshardfs options given the way other tools take them (a
+ * bare `tp=8` that is not a path, `--tp 8`, `--tp=8`) and says, on
+ * stderr, what to type instead: -1 then, else 0. */
+int rs_options_hint(int argc, char *argv[]);
 
 /* Parses and removes reshardfs's own options and SOURCE from args; the
  * rest (mountpoint, FUSE options) stays for libfuse.  Returns 0 or -1. */

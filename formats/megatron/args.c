@@ -160,6 +160,7 @@ int rs_meg_read_args(rs_meg_reader *r, const char *path)
 		return -EINVAL;
 	}
 	r->lpc = layers / ((uint64_t)st->pp * st->vpp);
+	rs_checkpoint_facts_from_args(r->ck, rs_pv_state(st->args), "args");
 	r->gated = arg_set(st, "swiglu");
 	st->tied = !arg_set(st, "untie_embeddings_and_output_weights");
 	return check_version(r, path);

@@ -24,9 +24,6 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d);
 int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			   rs_vtree *t, rs_diag *d);
 
-/* GLOBALs a legacy checkpoint's data.pkl may hold. */
-extern const char *const rs_megatron_allow[];
-
 #define RS_MEGATRON_MAX_NESTING 8
 
 /* Where a catalogued tensor sits in a model dict. */

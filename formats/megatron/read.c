@@ -26,37 +26,6 @@
 /* Far beyond real layouts; bounds the rank table. */
 #define RS_MEGATRON_MAX_RANKS (1u << 16)
 
-const char *const rs_megatron_allow[] = {
-	"torch.*",
-	"collections.OrderedDict",
-	"_codecs.encode",
-	"builtins.set",
-	"builtins.frozenset",
-	"builtins.bytearray",
-	"argparse.Namespace",
-	"types.SimpleNamespace",
-	"pathlib.PosixPath",
-	/* np.random.get_state() in rng_state */
-	"numpy.core.multiarray._reconstruct",
-	"numpy._core.multiarray._reconstruct",
-	"numpy.core.multiarray.scalar",
-	"numpy._core.multiarray.scalar",
-	"numpy.ndarray",
-	"numpy.dtype",
-	"numpy.dtypes.*",
-	/* enum members args hold (model_type, attention_backend, fp8_recipe)
-	 * and the rerun state, as megatron/core/safe_globals.py lists them;
-	 * older Megatron-LM kept the enums under megatron.model. */
-	"megatron.core.enums.*",
-	"megatron.core.transformer.enums.*",
-	"megatron.core.rerun_state_machine.RerunDiagnostic",
-	"megatron.core.rerun_state_machine.RerunMode",
-	"megatron.core.rerun_state_machine.RerunState",
-	"megatron.legacy.model.enums.*",
-	"megatron.model.enums.*",
-	NULL,
-};
-
 void rs_meg_state_free(void *state)
 {
 	rs_meg_state *st = state;

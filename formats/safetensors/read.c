@@ -683,6 +683,8 @@ static int check_duplicates(reader *r)
 	return err;
 }
 
+static void read_config(rs_checkpoint *ck);
+
 int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 			rs_diag *d)
 {
@@ -744,7 +746,37 @@ int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 	free(files);
 	free(r.pairs);
 	cJSON_Delete(r.index);
+	if (!err && !bad)
+		read_config(ck);
 	return err ? err : bad;
+}
+
+/* HF's config.json, when SOURCE has one: the heads and KV heads the
+ * layout must not cut.  Optional: a config this cannot read says nothing
+ * (it is passed through as stored either way). */
+static void read_config(rs_checkpoint *ck)
+{
+	char *text = NULL, why[100];
+	size_t len;
+	cJSON *cfg = NULL;
+	uint64_t heads = 0, groups = 0;
+	rs_diag *quiet = rs_diag_new();
+
+	if (quiet && rs_checkpoint_read_file(ck, "config.json", 1u << 20, &text,
+					     &len, NULL, quiet) == 0 &&
+	    rs_json_parse_object(text, len, &cfg, why, sizeof(why)) == 0 &&
+	    rs_json_u64(cJSON_GetObjectItemCaseSensitive(cfg, "num_attention_heads"),
+			&heads) && heads && heads <= UINT32_MAX) {
+		if (!rs_json_u64(cJSON_GetObjectItemCaseSensitive(cfg, "num_key_value_heads"),
+				 &groups) || !groups || groups > heads)
+			groups = heads;
+		ck->facts.heads = (uint32_t)heads;
+		ck->facts.query_groups = (uint32_t)groups;
+		ck->facts.from = "config.json";
+	}
+	cJSON_Delete(cfg);
+	free(text);
+	rs_diag_free(quiet);
 }
 
 static rs_detect detect(const char *name, mode_t mode)

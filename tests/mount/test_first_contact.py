@@ -1,0 +1,150 @@
+"""What a new user meets first: --dry-run, refusals that lead with a
+summary, hints for options given the way other tools take them, a second
+mount on a mount point, and the query-group warning.
+
+The dry run is checked against the real mount of the same SOURCE and
+options (the oracle: the files and bytes the mounted tree holds), and
+against the catalog the sample writer made.
+"""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import is_mounted
+from oracle import ExpectedView
+
+
+def dry_run(binary, *args):
+    r = subprocess.run([binary, "--dry-run", *map(str, args)],
+                       stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def tree_totals(mnt):
+    files = dirs = size = 0
+    for root, ds, fs in os.walk(mnt):
+        dirs += len(ds)
+        for f in fs:
+            files += 1
+            size += os.path.getsize(os.path.join(root, f))
+    return files, dirs, size
+
+
+@pytest.mark.parametrize("opts", [["tp=8"], ["tp=4", "format=torch_dist"],
+                                  ["tp=1", "format=safetensors",
+                                   "dtype=f32"]])
+def test_dry_run_matches_mount(reshardfs_bin, sample, mount, opts):
+    src = sample(2)
+    rc, out, err = dry_run(reshardfs_bin, src, "-o", ",".join(opts))
+    assert rc == 0, err
+    m = mount(src, opts)
+    files, dirs, size = tree_totals(m.mnt)
+    assert f"view files: {files} in {dirs} directories, {size} bytes" in out
+    view = next(o.split("=")[1] for o in opts if o.startswith("format=")) \
+        if any(o.startswith("format=") for o in opts) else "zarr"
+    tp = opts[0].split("=")[1]
+    assert re.search(rf"^view: {view}, tp={tp} \(stored at tp=2\)", out, re.M)
+    assert out.startswith(f"source: {src} (zarr)")
+
+
+def test_dry_run_verbose_lists_every_tensor(reshardfs_bin, sample):
+    src = sample(2)
+    rc, out, _ = dry_run(reshardfs_bin, "-v", src, "-o", "tp=4")
+    assert rc == 0
+    exp = ExpectedView(src, 4)
+    names = sorted(exp.arrays)
+    lines = [ln.strip() for ln in out.splitlines() if ln.startswith("  ")]
+    assert sorted(ln.split()[0] for ln in lines) == names
+    fc1 = next(ln for ln in lines
+               if ln.startswith("decoder.layers.mlp.linear_fc1.weight "))
+    assert "split along axis 1 (gated" in fc1
+    for ln in lines:
+        m = re.match(r"(\S+)  (\S+) (\[.*?\])  chunks (\[.*?\])  ", ln)
+        assert m, ln
+        a = exp.arrays[m.group(1)]
+        assert (m.group(3), m.group(4)) == (str(a.shape), str(a.chunks)), ln
+
+
+def test_dry_run_refusal_summary_names_working_tp(reshardfs_bin, sample):
+    rc, out, err = dry_run(reshardfs_bin, sample(2), "-o", "tp=3")
+    assert rc == 1 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.startswith("reshardfs:")]
+    assert lines[0].startswith(f"reshardfs: {sample(2)}: refused: ")
+    assert "at tp=3; tp values that work: 1, 2, 4, 8, 16, 32, 64" in lines[0]
+    m = re.search(r"\((\d+) problems below\)", lines[0])
+    assert m and int(m.group(1)) == len(lines) - 1 > 1
+
+
+def test_mount_refusal_has_the_same_summary(sample, failing_mount):
+    rc, err = failing_mount(sample(2), ["tp=3"])
+    assert rc != 0
+    first = next(ln for ln in err.splitlines() if ln.startswith("reshardfs:"))
+    assert "refused: the layout does not fit" in first
+    assert "tp values that work: 1, 2, 4, 8" in first
+
+
+def test_dry_run_of_a_non_checkpoint(reshardfs_bin, tmp_path):
+    rc, out, err = dry_run(reshardfs_bin, tmp_path)
+    assert rc == 1 and out == ""
+    assert err.splitlines()[0].startswith(
+        f"reshardfs: {tmp_path}: refused: not a checkpoint")
+
+
+@pytest.mark.parametrize("argv", [["SRC", "MNT", "tp=8"],
+                                  ["SRC", "MNT", "--tp", "8"],
+                                  ["--tp=8", "SRC", "MNT"],
+                                  ["SRC", "MNT", "--dtype", "bf16"]])
+def test_hints_say_what_to_type(reshardfs_bin, sample, tmp_path, argv):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    args = [str(sample(2)) if a == "SRC" else str(mnt) if a == "MNT" else a
+            for a in argv]
+    r = subprocess.run([reshardfs_bin, *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    want = "-o dtype=bf16" if "--dtype" in argv else "-o tp=8"
+    assert f"did you mean {want}?" in r.stderr
+    assert not is_mounted(mnt)
+
+
+def test_bare_argument_that_is_a_path_is_no_hint(reshardfs_bin, sample,
+                                                 tmp_path):
+    """A directory really named tp=8 is a path, not a forgotten -o."""
+    mnt = tmp_path / "tp=8"
+    mnt.mkdir()
+    rc, out, _ = dry_run(reshardfs_bin, sample(2), "-o", "tp=2")
+    assert rc == 0
+    r = subprocess.run([reshardfs_bin, "--dry-run", str(sample(2)), str(mnt)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "did you mean" not in r.stderr
+
+
+def test_second_mount_on_a_mount_point_refused(reshardfs_bin, sample, mount,
+                                              tmp_path):
+    m = mount(sample(2), ["tp=2"])
+    r = subprocess.run([reshardfs_bin, "-f", str(sample(2)), str(m.mnt),
+                        "-o", "tp=4"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    rc, err = r.returncode, r.stderr
+    assert rc != 0
+    assert f"reshardfs: {m.mnt}: already a mount point (fuse.reshardfs)" in err
+    assert "fusermount3 -u" in err
+    # the first mount still serves
+    assert os.listdir(m.mnt)
+
+
+def test_query_group_warning(sample, mount, reshardfs_bin):
+    """The sample's args say 4 heads in 2 query groups: tp=4 and 8 cut
+    them (mounted, with a warning naming the tp values that keep them),
+    tp=2 does not."""
+    rc, _, err = dry_run(reshardfs_bin, sample(2), "-o", "tp=8")
+    assert rc == 0
+    assert ("warning: tp=8 cuts the model's 2 query groups (4 attention "
+            "heads, from common.pt args)") in err
+    assert "tp values that keep them whole: 1, 2" in err
+    rc, _, err = dry_run(reshardfs_bin, sample(2), "-o", "tp=2")
+    assert rc == 0 and "warning" not in err
