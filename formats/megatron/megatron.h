@@ -1,11 +1,9 @@
 /* megatron: legacy Megatron-LM / NeMo per-rank checkpoints (docs/FORMATS.md, "Legacy Megatron"),
  * as a source and as a view.
  *
- * SOURCE is either an iteration directory holding `mp_rank_TT[_PPP]/`
- * directories, or the checkpoint root holding
- * `latest_checkpointed_iteration.txt` and `iter_XXXXXXX/` (or `release/`):
- * the tracker names the iteration read; other iteration directories are
- * not shown by any view.
+ * SOURCE is an iteration directory holding `mp_rank_TT[_PPP]/`
+ * directories (a checkpoint root around one is the model's business:
+ * formats/checkpoint.h, "the root form").
  *
  * Reader.  Every (tp, pp) rank must have `mp_rank_TT[_PPP]/
  * model_optim_rng.pt`, the PP suffix on all of them or none.  Each is a
@@ -49,13 +47,12 @@
  *     GLOBAL, iterations, versions or sizes that differ between ranks, a
  *     tensor one rank has and another lacks, shapes that do not tile,
  *     a layer missing from its chunk, tensor bytes outside their record.
- * The rank directories (and in the root form the iteration directories)
- * are hidden from other views; every other file is passed through.
+ * The rank directories are hidden from other views; every other file is
+ * passed through.
  *
  * View (`-o format=megatron`): for every rank of (tp, pp) a file
- * `mp_rank_TT[_PPP]/model_optim_rng.pt` (PP suffix only when pp > 1), in
- * the iteration directory the source had (with its tracker file) or at the
- * top.  Each is a torch.save zip (records as torch writes them, CRC 0 in
+ * `mp_rank_TT[_PPP]/model_optim_rng.pt` (PP suffix only when pp > 1), at
+ * the top (in the iteration's directory when SOURCE is a root).  Each is a torch.save zip (records as torch writes them, CRC 0 in
  * the tensor records: torch.load ignores CRCs) whose data.pkl is {'args':
  * the source's Namespace with tensor_model_parallel_size,
  * pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
