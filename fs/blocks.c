@@ -1,4 +1,4 @@
-/* Block builds and stamp-guarded gathers; see blocks.h. */
+/* Block builds and checked gathers; see blocks.h. */
 #include "fs/blocks.h"
 
 #include <errno.h>
@@ -7,69 +7,53 @@
 #include "fs/log.h"
 #include "planner/array.h"
 
-/* Gathers retried when a source's ctime moved but its identity did not
- * (a chmod, a hard link, or a change undone) before the read gives EIO. */
-#define STAMP_TRIES 3
+/* --- gathers between checks --- */
 
-/* --- gathers between stamps --- */
-
-int rs_stamp_set_add(rs_stamp_set *set, uint32_t index)
+int rs_source_set_add(rs_source_set *set, uint32_t index)
 {
 	int err;
 
 	for (size_t i = 0; i < set->n; i++)
-		if (set->v[i].index == index)
+		if (set->v[i] == index)
 			return 0;
 	err = rs_array_reserve(&set->v, &set->cap, set->n + 1,
 			       sizeof(*set->v));
 	if (!err)
-		set->v[set->n++].index = index;
+		set->v[set->n++] = index;
 	return err;
 }
 
-void rs_stamp_set_free(rs_stamp_set *set)
+void rs_source_set_free(rs_source_set *set)
 {
 	free(set->v);
-	*set = (rs_stamp_set){ 0 };
+	*set = (rs_source_set){ 0 };
 }
 
-static void log_changed(const rs_blocks *b, uint32_t index)
+/* Every source of the set as recorded: 0, or the first one's error
+ * (-ESTALE logged). */
+static int verify_all(const rs_blocks *b, const rs_source_set *set)
 {
-	rs_log(RS_LOG_ERROR, "%s/%s: source changed while it was read; reads of files built from it fail with EIO",
-	       b->root_path, rs_sources_path(b->sources, index));
-}
+	for (size_t i = 0; i < set->n; i++) {
+		int err = rs_sources_verify(b->sources, set->v[i]);
 
-int rs_blocks_gather(const rs_blocks *b, rs_stamp_set *set,
-		     int (*gather)(void *arg), void *arg)
-{
-	rs_sources *src = b->sources;
-	size_t i;
-	int err = 0;
-
-	for (int tries = 0; tries < STAMP_TRIES; tries++) {
-		for (i = 0; i < set->n; i++) {
-			err = rs_sources_stamp(src, set->v[i].index,
-					       &set->v[i].stamp);
-			if (err)
-				goto out;
-		}
-		err = gather(arg);
+		if (err == -ESTALE)
+			rs_log(RS_LOG_ERROR, "%s/%s: source changed while it was read; reads of files built from it fail with EIO",
+			       b->root_path, rs_sources_path(b->sources, set->v[i]));
 		if (err)
 			return err;
-		for (i = 0; i < set->n; i++) {
-			err = rs_sources_recheck(src, set->v[i].index,
-						 &set->v[i].stamp);
-			if (err)
-				break;
-		}
-		if (err != -EAGAIN)
-			goto out;
 	}
-	err = -ESTALE;   /* still moving: i is the last one that moved */
-out:
-	if (err == -ESTALE)
-		log_changed(b, set->v[i < set->n ? i : 0].index);
-	return err;
+	return 0;
+}
+
+int rs_blocks_gather(const rs_blocks *b, const rs_source_set *set,
+		     int (*gather)(void *arg), void *arg)
+{
+	int err = verify_all(b, set);
+
+	if (err || !gather)
+		return err;
+	err = gather(arg);
+	return err ? err : verify_all(b, set);
 }
 
 /* --- blocks --- */
@@ -120,13 +104,13 @@ static void plan_range(const rs_chunk *c, uint64_t begin, uint64_t len,
 }
 
 /* Cache miss: plan the block's slice of the chunk and execute it, between
- * stamps of its sources, so a source changed meanwhile fails the build
+ * checks of its sources, so a source changed meanwhile fails the build
  * and nothing of it is cached. */
 static int build_block(void *arg, uint8_t *buf, uint64_t len)
 {
 	block_job *bj = arg;
 	block_gather g = { bj->b, bj->chunk, NULL, buf, len };
-	rs_stamp_set set = { 0 };
+	rs_source_set set = { 0 };
 	uint64_t pbegin, pend;
 	rs_plan slice;
 	int err;
@@ -136,11 +120,11 @@ static int build_block(void *arg, uint8_t *buf, uint64_t len)
 	if (err)
 		return err;
 	for (size_t i = 0; i < slice.count && !err; i++)
-		err = rs_stamp_set_add(&set, slice.ops[i].source);
+		err = rs_source_set_add(&set, slice.ops[i].source);
 	g.slice = &slice;
 	if (!err)
 		err = rs_blocks_gather(bj->b, &set, run_block, &g);
-	rs_stamp_set_free(&set);
+	rs_source_set_free(&set);
 	rs_plan_free(&slice);
 	return err;
 }

@@ -1,4 +1,4 @@
-/* blocks: tensor blocks built into the cache, and the stamp-guarded
+/* blocks: tensor blocks built into the cache, and the checked
  * gathers every read of source bytes goes through.
  *
  * The FUSE-free core of the read path: fs/read.c assembles replies from
@@ -12,9 +12,10 @@
  * the chunk's plan and running the slice on the executor.
  *
  * Source files can change while they are read, so every gather from them
- * - a block build, the source ranges of a reply - runs between two stamps
- * of the files it reads (rs_sources_stamp): its bytes are used only when
- * nothing moved in between, and a build that saw a change is never cached.
+ * - a block build, the source ranges of a reply - runs between two checks
+ * of the files it reads through their descriptors (rs_sources_verify):
+ * its bytes are used only when both find the recorded identity, and a
+ * build that saw a change is never cached.
  *
  * Errors: functions return 0 or a negative errno; -ESTALE (logged, naming
  * the file) when a source no longer matches its recorded identity or kept
@@ -52,27 +53,22 @@ int rs_blocks_get(const rs_blocks *b, const rs_chunk *c, uint64_t index,
 		  rs_block **out);
 
 /* The distinct sources a gather reads.  Zero-initialise; the caller owns
- * the array and frees it with rs_stamp_set_free. */
+ * the array and frees it with rs_source_set_free. */
 typedef struct {
-	uint32_t index;
-	rs_file_stamp stamp;
-} rs_source_stamp;
-
-typedef struct {
-	rs_source_stamp *v;
+	uint32_t *v;
 	size_t n, cap;
-} rs_stamp_set;
+} rs_source_set;
 
 /* Adds source `index` unless it is there already.  0 or -ENOMEM. */
-int rs_stamp_set_add(rs_stamp_set *set, uint32_t index);
-void rs_stamp_set_free(rs_stamp_set *set);
+int rs_source_set_add(rs_source_set *set, uint32_t index);
+void rs_source_set_free(rs_source_set *set);
 
-/* Runs gather(arg), which reads only sources in `set`, between two stamps
- * of each of them, and runs it again (a few times at most) while only
- * their ctimes moved: 0 when none of them changed meanwhile; gather's own
- * error; -ESTALE (logged) when one changed or kept moving.  Bytes gather
- * wrote are valid only on 0. */
-int rs_blocks_gather(const rs_blocks *b, rs_stamp_set *set,
+/* Runs gather(arg), which reads only sources in `set`, between two checks
+ * of each of them (rs_sources_verify): 0 when both found every one as
+ * recorded; gather's own error; -ESTALE (logged) when one changed.  Bytes
+ * gather wrote are valid only on 0.  gather may be NULL: the sources are
+ * then checked once (a reply served from cached blocks alone). */
+int rs_blocks_gather(const rs_blocks *b, const rs_source_set *set,
 		     int (*gather)(void *arg), void *arg);
 
 #endif

@@ -3,14 +3,20 @@
  * Literal and zero segments point at memory; tensor segments are served
  * from cached blocks (fs/blocks.h), built on a miss by the executor;
  * source segments are read with pread into a buffer of the thread's,
- * straight into place in the reply.  Every source a file depends on is
- * checked first, so a changed source gives EIO, never stale bytes; any
- * failure replies with an error, never a short buffer (libfuse would pad
- * a short reply with zeros).
+ * straight into place in the reply.  Every source the read touches (its
+ * source ranges, and every source of the chunks its blocks come from,
+ * cached or not) is checked by path first, so a source replaced since the
+ * mount gives EIO, never stale bytes; any failure replies with an error,
+ * never a short buffer (libfuse would pad a short reply with zeros).  The
+ * check costs what the read touches, not what the whole file is built
+ * from (a torch_dist view file can read hundreds of sources).
  *
  * Checking first is not enough when the source changes while it is being
- * read, so the source ranges of a reply are read in one stamp-guarded
- * gather (rs_blocks_gather), like every block build.
+ * read, so the source ranges of a reply are read in one checked gather
+ * (rs_blocks_gather: the touched sources' descriptors checked before and
+ * after), like every block build; a reply of cached blocks alone is
+ * checked the same way, so a block built before a change is not served
+ * after it.
  *
  * Why source ranges are copied, not spliced.  Handing libfuse the source
  * descriptor (FUSE_BUF_IS_FD) spliced the range into the reply without a
@@ -21,8 +27,8 @@
  * (the kernel then zero-fills the rest of the page and shrinks the file's
  * size); even a splice into a pipe of our own that came back whole still
  * sees a later truncation zero the tail of its last page, and a write in
- * place change its bytes.  A pread is a copy taken before the stamps are
- * compared (tests/mount/test_faults.py catches both races).  Every reply is
+ * place change its bytes.  A pread is a copy taken before the second
+ * check (tests/mount/test_faults.py catches both races).  Every reply is
  * then memory and goes out in one writev (fuse_reply_iov), which makes the
  * copy cost what the splice did (BENCHMARKS.md, "Source ranges read into
  * the reply").
@@ -57,7 +63,7 @@ typedef struct {
 	uint8_t *buf;
 	source_read *reads;
 	size_t nreads, cap_reads;
-	rs_stamp_set stamps;
+	rs_source_set sources;  /* every source the read touches */
 	rs_fs *fs;
 } reply;
 
@@ -217,8 +223,6 @@ static int add_segment(rs_fs *fs, reply *r, const rs_segment *s,
 			return -ENOMEM;
 		err = rs_array_reserve(&r->reads, &r->cap_reads, r->nreads + 1,
 				       sizeof(*r->reads));
-		if (!err)
-			err = rs_stamp_set_add(&r->stamps, s->u.source.index);
 		if (err)
 			return err;
 		source_read *sr = &r->reads[r->nreads++];
@@ -236,19 +240,48 @@ static int add_segment(rs_fs *fs, reply *r, const rs_segment *s,
 	return -EIO;
 }
 
-int rs_fs_check_sources(rs_fs *fs, const rs_vnode *n)
+/* Sources v[0, n) at their paths as recorded; -ESTALE (logged) when one
+ * is not. */
+static int check_paths(rs_fs *fs, const uint32_t *v, size_t n)
 {
-	for (uint32_t i = 0; i < n->nsources; i++) {
-		int err = rs_sources_check(fs->ck.sources, n->sources[i]);
+	for (size_t i = 0; i < n; i++) {
+		int err = rs_sources_check(fs->ck.sources, v[i]);
 
 		if (err) {
 			rs_log(RS_LOG_ERROR, "%s/%s: source changed since mount; reads of files built from it fail with EIO",
 			       fs->ck.root_path,
-			       rs_sources_path(fs->ck.sources, n->sources[i]));
+			       rs_sources_path(fs->ck.sources, v[i]));
 			return err;
 		}
 	}
 	return 0;
+}
+
+int rs_fs_check_sources(rs_fs *fs, const rs_vnode *n)
+{
+	return check_paths(fs, n->sources, n->nsources);
+}
+
+/* The sources of the segments overlapping [pos, end) of n. */
+static int touched_sources(const rs_vnode *n, uint64_t pos, uint64_t end,
+			   rs_source_set *set)
+{
+	int err = 0;
+
+	for (uint32_t i = rs_vtree_find_segment(n, pos);
+	     i < n->nsegs && n->segs[i].offset < end && !err; i++) {
+		const rs_segment *s = &n->segs[i];
+
+		if (s->kind == RS_SEG_SOURCE) {
+			err = rs_source_set_add(set, s->u.source.index);
+		} else if (s->kind == RS_SEG_TENSOR) {
+			const rs_chunk *c = s->u.tensor.chunk;
+
+			for (uint32_t k = 0; k < c->nsources && !err; k++)
+				err = rs_source_set_add(set, c->sources[k]);
+		}
+	}
+	return err;
 }
 
 /* A read that continues the last one on its handle asks for the window
@@ -323,7 +356,9 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 		atomic_fetch_add_explicit(&of->reads_done, 1,
 					  memory_order_release);
 	}
-	err = rs_fs_check_sources(fs, n);
+	err = touched_sources(n, pos, end, &r.sources);
+	if (!err)
+		err = check_paths(fs, r.sources.v, r.sources.n);
 	if (err)
 		goto fail;
 	r.fs = fs;
@@ -347,12 +382,10 @@ void rs_fs_read(rs_fs *fs, fuse_req_t req, const rs_vnode *n,
 			goto fail;
 		pos += len;
 	}
-	if (r.nreads) {
-		err = rs_blocks_gather(&fs->blocks, &r.stamps,
-				       read_sources, &r);
-		if (err)
-			goto fail;
-	}
+	err = rs_blocks_gather(&fs->blocks, &r.sources,
+			       r.nreads ? read_sources : NULL, &r);
+	if (err)
+		goto fail;
 	/* Counted before the reply goes out, so a reader that reads the
 	 * stats file right after its read sees it. */
 	atomic_fetch_add_explicit(&fs->bytes_served, end - (uint64_t)off,
@@ -371,6 +404,6 @@ out:
 		rs_cache_release(fs->blocks.cache, r.blocks[i]);
 	free(r.blocks);
 	free(r.reads);
-	rs_stamp_set_free(&r.stamps);
+	rs_source_set_free(&r.sources);
 	free(r.vec);
 }

@@ -33,12 +33,15 @@ void rs_file_id_from_stat(rs_file_id *id, const struct stat *st)
 	id->size = (uint64_t)st->st_size;
 	id->mtime_sec = st->st_mtim.tv_sec;
 	id->mtime_nsec = st->st_mtim.tv_nsec;
+	id->ctime_sec = st->st_ctim.tv_sec;
+	id->ctime_nsec = st->st_ctim.tv_nsec;
 }
 
 static bool same_id(const rs_file_id *a, const rs_file_id *b)
 {
 	return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
-	       a->mtime_sec == b->mtime_sec && a->mtime_nsec == b->mtime_nsec;
+	       a->mtime_sec == b->mtime_sec && a->mtime_nsec == b->mtime_nsec &&
+	       a->ctime_sec == b->ctime_sec && a->ctime_nsec == b->ctime_nsec;
 }
 
 bool rs_name_is_safe(const char *name)
@@ -200,7 +203,7 @@ out:
 	return err;
 }
 
-int rs_sources_stamp(rs_sources *s, uint32_t index, rs_file_stamp *out)
+int rs_sources_verify(rs_sources *s, uint32_t index)
 {
 	struct stat st;
 	rs_file_id now;
@@ -211,23 +214,7 @@ int rs_sources_stamp(rs_sources *s, uint32_t index, rs_file_stamp *out)
 	if (fstat(fd, &st) != 0)
 		return -EIO;
 	rs_file_id_from_stat(&now, &st);
-	if (!same_id(&now, &s->files[index].id))
-		return -ESTALE;
-	out->sec = st.st_ctim.tv_sec;
-	out->nsec = st.st_ctim.tv_nsec;
-	return 0;
-}
-
-int rs_sources_recheck(rs_sources *s, uint32_t index,
-		       const rs_file_stamp *before)
-{
-	rs_file_stamp now;
-	int err = rs_sources_stamp(s, index, &now);
-
-	if (err)
-		return err;
-	return now.sec == before->sec && now.nsec == before->nsec ? 0
-								  : -EAGAIN;
+	return same_id(&now, &s->files[index].id) ? 0 : -ESTALE;
 }
 
 int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off)

@@ -1,11 +1,13 @@
 /* source: the table of files under SOURCE that a view reads from.
  *
  * Each file is recorded at mount time with its identity (device, inode,
- * size, mtime).  It is opened lazily, beneath the SOURCE directory only
- * (openat2 RESOLVE_BENEATH: no `..`, no symlink leaving SOURCE), and kept
- * open.  rs_sources_check compares the file at its path with the recorded
- * identity before any byte built from it is served: a file that was
- * truncated, rewritten or replaced gives -ESTALE, never stale bytes.
+ * size, mtime, ctime: see rs_file_id).  It is opened lazily, beneath the
+ * SOURCE directory only (openat2 RESOLVE_BENEATH: no `..`, no symlink
+ * leaving SOURCE), and kept open.  Before any byte built from a file is
+ * served, rs_sources_check compares the file at its path (a replacement
+ * by rename) and rs_sources_verify the open file (a truncation or a write
+ * in place) with the recorded identity: a changed file gives -ESTALE,
+ * never stale bytes.
  *
  * Thread safety: rs_sources_add is for mount time, before any reader runs;
  * every other function may be called from any thread.
@@ -21,9 +23,22 @@
 
 typedef struct rs_sources rs_sources;
 
+/* What makes a source the one recorded.  The ctime is what catches a
+ * file rewritten in place with its mtime set back (cp -p, touch -r, tar
+ * do that): an mtime can be set by the file's owner, a ctime cannot, and
+ * every change to a file's bytes moves it (a truncation moves the size
+ * first, a write the mtime and ctime before any byte is copied).  A
+ * metadata-only change (chmod, chown, a new hard link, an xattr) moves it
+ * too and reads as a change: the view refuses reads from that file until
+ * remounted, rather than serve bytes it can no longer vouch for.
+ * (Timestamps are exact where the filesystem gives a fresh fine-grained
+ * one to every change after a stat, as ext4, xfs, btrfs and tmpfs do
+ * since Linux 6.13; with coarse ones a change made and undone within one
+ * clock tick goes unseen.) */
 typedef struct {
 	uint64_t dev, ino, size;
 	int64_t mtime_sec, mtime_nsec;
+	int64_t ctime_sec, ctime_nsec;
 } rs_file_id;
 
 /* Opens the SOURCE directory.  -errno when it cannot be opened. */
@@ -51,29 +66,11 @@ int rs_sources_check(rs_sources *s, uint32_t index);
  * -ESTALE when not. */
 int rs_sources_fd(rs_sources *s, uint32_t index, int *fd);
 
-/* The ctime of an open source file, taken around a read of it: bytes read
- * between two equal stamps, both of the recorded identity, are bytes of
- * the file as recorded.  Every change to a file's bytes moves its size
- * before the kernel zeroes anything (truncation) or its mtime and ctime
- * before any byte is copied (write), and while an mtime can be set back
- * (utime), a ctime cannot: a change undone between two checks of the
- * identity alone still moves the ctime.  (Timestamps are exact where the
- * filesystem gives a fresh fine-grained one to every change after a stat,
- * as ext4, xfs, btrfs and tmpfs do since Linux 6.13; with coarse ones a
- * change made and undone within one clock tick goes unseen.) */
-typedef struct {
-	int64_t sec, nsec;
-} rs_file_stamp;
-
-/* Stamps the file through its descriptor (rs_sources_fd): -ESTALE when it
- * no longer has the recorded identity. */
-int rs_sources_stamp(rs_sources *s, uint32_t index, rs_file_stamp *out);
-
-/* After reading: 0 when the file has the recorded identity and the stamp
- * `before`; -ESTALE when its identity changed; -EAGAIN when only the ctime
- * moved (its metadata changed, or a change was undone): read it again. */
-int rs_sources_recheck(rs_sources *s, uint32_t index,
-		       const rs_file_stamp *before);
+/* The same check through the file's descriptor (rs_sources_fd), a fstat
+ * of a file already open: what every gather from a source runs before and
+ * after reading it, so bytes read between two passing checks are bytes of
+ * the file as recorded.  0, or -ESTALE when its identity changed. */
+int rs_sources_verify(rs_sources *s, uint32_t index);
 
 /* Reads exactly `len` bytes at `off` of fd: -EIO when the file ends first
  * or a read fails, never a short read (EINTR is retried). */

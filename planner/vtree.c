@@ -43,6 +43,7 @@ void rs_vtree_free(rs_vtree *t)
 	}
 	for (uint64_t c = 0; c < t->nchunks; c++) {
 		rs_plan_free(&t->chunks[c]->plan);
+		free(t->chunks[c]->sources);
 		free(t->chunks[c]);
 	}
 	free(t->chunks);
@@ -188,32 +189,39 @@ int rs_vtree_nest(rs_vtree *t, const char *name, struct timespec mtime,
 	return 0;
 }
 
-/* Records that `file` reads `source`, keeping the list sorted and distinct. */
-static int note_source(rs_vnode *n, uint32_t source)
+/* Adds `source` to the sorted, distinct list v[0, *n) (capacity *cap). */
+static int insert_source(uint32_t **v, uint32_t *n, size_t *cap,
+			 uint32_t source)
 {
-	uint32_t lo = 0, hi = n->nsources;
+	uint32_t lo = 0, hi = *n;
 	int err;
 
 	while (lo < hi) {
 		uint32_t mid = (lo + hi) / 2;
 
-		if (n->sources[mid] == source)
+		if ((*v)[mid] == source)
 			return 0;
-		if (n->sources[mid] < source)
+		if ((*v)[mid] < source)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	err = grow(&n->sources, &n->cap_sources, n->nsources,
-		   sizeof(uint32_t));
+	err = grow(v, cap, *n, sizeof(uint32_t));
 	if (err)
 		return err;
-	memmove(&n->sources[lo + 1], &n->sources[lo],
-		(n->nsources - lo) * sizeof(uint32_t));
-	n->sources[lo] = source;
-	n->nsources++;
+	memmove(&(*v)[lo + 1], &(*v)[lo], (*n - lo) * sizeof(uint32_t));
+	(*v)[lo] = source;
+	(*n)++;
 	return 0;
 }
+
+/* Records that `file` reads `source`. */
+static int note_source(rs_vnode *n, uint32_t source)
+{
+	return insert_source(&n->sources, &n->nsources, &n->cap_sources,
+			     source);
+}
+
 
 static int append(rs_vtree *t, uint32_t file, rs_segment seg)
 {
@@ -301,9 +309,17 @@ int rs_vtree_add_chunk(rs_vtree *t, rs_plan *plan, rs_dtype from, rs_dtype to,
 
 	if (err)
 		return err;
-	c = malloc(sizeof(*c));
+	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	for (size_t i = 0, cap = 0; i < plan->count && !err; i++)
+		err = insert_source(&c->sources, &c->nsources, &cap,
+				    plan->ops[i].source);
+	if (err) {
+		free(c->sources);
+		free(c);
+		return err;
+	}
 	c->id = t->nchunks;
 	c->plan = *plan;
 	c->from = c->to = RS_DTYPE_INVALID;

@@ -40,6 +40,10 @@ typedef struct {
 	rs_plan plan;
 	rs_dtype from, to;
 	uint64_t size;
+	/* The distinct source files its plan reads, sorted: what a read of
+	 * any of its blocks must find unchanged, cached or not. */
+	uint32_t *sources;
+	uint32_t nsources;
 } rs_chunk;
 
 typedef struct {
