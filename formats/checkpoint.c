@@ -87,6 +87,21 @@ static void free_entries(rs_entry *v, size_t n)
 	free(v);
 }
 
+int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *where,
+			 rs_diag *d)
+{
+	uint64_t max = ck->max_metadata ? ck->max_metadata
+					: RS_DEFAULT_MAX_METADATA;
+
+	if (bytes > max || ck->metadata_bytes > max - bytes) {
+		rs_diag_add(d, "%s/%s: the checkpoint's metadata (headers, pickles, JSON) passes %llu bytes here; -o max_metadata=SIZE raises the limit",
+			    ck->dir_path, where, (unsigned long long)max);
+		return -EINVAL;
+	}
+	ck->metadata_bytes += bytes;
+	return 0;
+}
+
 void rs_checkpoint_close(rs_checkpoint *ck)
 {
 	free_entries(ck->entries, ck->nentries);
@@ -104,7 +119,7 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	memset(ck, 0, sizeof(*ck));
 }
 
-int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
+int rs_checkpoint_read_file(rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d)
 {
@@ -117,7 +132,10 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 		rs_diag_add(d, "%s/%s: path too long", ck->dir_path, relpath);
 		return -EINVAL;
 	}
-	fd = rs_open_beneath(rs_sources_root_fd(ck->sources), full, O_RDONLY);
+	/* O_NONBLOCK: a FIFO of that name must not block the mount (it is
+	 * refused below as not a regular file). */
+	fd = rs_open_beneath(rs_sources_root_fd(ck->sources), full,
+			     O_RDONLY | O_NONBLOCK);
 	if (!st)
 		st = &own;
 	if (fd == -ENOENT)
@@ -147,6 +165,12 @@ int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
 		err = -ENOMEM;
 		goto out;
 	}
+	err = rs_checkpoint_charge(ck, (uint64_t)st->st_size, relpath, d);
+	if (err) {
+		free(text);
+		goto out;
+	}
+	err = -EINVAL;
 	if (pread(fd, text, (size_t)st->st_size, 0) != st->st_size) {
 		rs_diag_add(d, "%s/%s: short read", ck->dir_path, relpath);
 		free(text);

@@ -42,7 +42,16 @@ typedef struct {
 	const char *params_file;  /* -o params=FILE: names and shapes of a
 				   * metaseq checkpoint's flat params, when
 				   * its files lack shard_metadata */
+	/* Limits on what a checkpoint may make the mount parse and hold
+	 * (0: the defaults below; -o max_tensors=, -o max_metadata=). */
+	uint64_t max_tensors, max_metadata;
 } rs_open_opts;
+
+/* A 1.3M-tensor safetensors header took 14 s and 1.8 GiB to mount; the
+ * largest real models have about 100k tensors (DeepSeek-V3's HF files:
+ * 92k) and well under 100 MB of headers and pickles together. */
+#define RS_DEFAULT_MAX_TENSORS (1ull << 18)
+#define RS_DEFAULT_MAX_METADATA (1ull << 30)
 
 /* What a top-level name of SOURCE says to a format's detector. */
 typedef enum {
@@ -139,6 +148,9 @@ struct rs_checkpoint {
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
 	rs_model_facts facts;
+	/* Metadata bytes parsed so far (rs_checkpoint_charge), and the
+	 * limits from rs_open_opts. */
+	uint64_t metadata_bytes, max_metadata, max_tensors;
 	/* What a format's reader keeps for its own view (the legacy Megatron
 	 * args, the zarr array texts), freed with extra_free at close.  A
 	 * view reads it only when ck->format is its own format's row. */
@@ -158,9 +170,17 @@ void rs_checkpoint_close(rs_checkpoint *ck);
  * *st receives its stat (may be NULL).  -ENOENT when it does not exist (no
  * line reported); any other problem is reported as one line and gives
  * -EINVAL (or -ENOMEM).  The caller frees *buf. */
-int rs_checkpoint_read_file(const rs_checkpoint *ck, const char *relpath,
+int rs_checkpoint_read_file(rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d);
+
+/* Counts `bytes` of metadata about to be parsed from `where` against the
+ * checkpoint's limit: -EINVAL with one line naming the file and the
+ * option when it would pass max_metadata.  rs_checkpoint_read_file charges
+ * what it reads; readers charge the headers and pickles they read
+ * themselves. */
+int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *where,
+			 rs_diag *d);
 
 /* For views that write their own files beside the source's other files
  * (torch_dist, safetensors): adds every passthrough file of SOURCE to the

@@ -324,10 +324,22 @@ int rs_checkpoint_open(const char *root, const rs_open_opts *o,
 	static const rs_open_opts none = { 0 };
 	int err = rs_checkpoint_init(ck, root, d);
 
+	if (!o)
+		o = &none;
+	ck->max_metadata = o->max_metadata ? o->max_metadata
+					   : RS_DEFAULT_MAX_METADATA;
+	ck->max_tensors = o->max_tensors ? o->max_tensors
+					 : RS_DEFAULT_MAX_TENSORS;
 	if (!err)
 		err = detect_format(ck, d);
 	if (!err)
-		err = ck->format->read(ck, o ? o : &none, d);
+		err = ck->format->read(ck, o, d);
+	if (!err && ck->catalog.count > ck->max_tensors) {
+		rs_diag_add(d, "%s: %zu tensors, more than %llu; -o max_tensors=N raises the limit",
+			    ck->dir_path, ck->catalog.count,
+			    (unsigned long long)ck->max_tensors);
+		err = -EINVAL;
+	}
 	if (!err && ck->format->dist_backend)
 		err = rs_checkpoint_read_common(ck);
 	if (err)
@@ -365,6 +377,17 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck,
 		err = rs_vtree_nest(t, ck->iter_dir, mtime, &dir);
 		if (!err)
 			err = rs_checkpoint_carry_outer(ck, t);
+	}
+	/* The mount's control directory has the name; a tensor (or a byte
+	 * item's key) of that name would be hidden by it, or hide it. */
+	if (!err) {
+		uint32_t clash;
+
+		if (rs_vtree_lookup(t, 0, ".reshardfs", &clash) == 0) {
+			rs_diag_add(d, "%s: the %s view would hold \".reshardfs\" (a tensor or byte item of that name), the name of the mount's control directory",
+				    ck->dir_path, view->name);
+			err = -EINVAL;
+		}
 	}
 	/* Two things of one name in the view (a tensor or byte item and a
 	 * file of SOURCE): the tree refuses the second; say so, not "File

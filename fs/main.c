@@ -105,7 +105,9 @@ static void warn_heads(const rs_checkpoint *ck, const rs_layout *l)
  * then every problem. */
 static int build(rs_fs *fs, const rs_options *o)
 {
-	rs_open_opts open_opts = { .params_file = o->params };
+	rs_open_opts open_opts = { .params_file = o->params,
+				   .max_tensors = o->max_tensors,
+				   .max_metadata = o->max_metadata };
 	rs_layout_opts lo = o->layout;
 	rs_rules *rules = NULL;
 	rs_diag *d = rs_diag_new();

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { KEY_HELP, KEY_VERSION, KEY_GPUS, KEY_DRY_RUN, KEY_VERBOSE };
@@ -303,6 +304,32 @@ int rs_options_validate(rs_options *o)
 		} else {
 			o->layout.vocab_size = v;
 		}
+	}
+	/* Read later, by whichever reader needs them: a FIFO or a device
+	 * there would block the mount, so they must be regular files. */
+	for (int i = 0; i < 2; i++) {
+		const char *path = i ? o->params : o->rules;
+		struct stat st;
+
+		/* (one that cannot be stat'ed is reported by its reader) */
+		if (path && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+			fprintf(stderr, "reshardfs: -o %s=%s: must be a regular file\n",
+				i ? "params" : "rules", path);
+			bad = -1;
+		}
+	}
+	if (o->max_tensors_s &&
+	    (parse_u64(o->max_tensors_s, &o->max_tensors) || !o->max_tensors)) {
+		fprintf(stderr, "reshardfs: -o max_tensors=%s: must be a positive integer\n",
+			o->max_tensors_s);
+		bad = -1;
+	}
+	if (o->max_metadata_s &&
+	    (parse_size(o->max_metadata_s, &o->max_metadata) ||
+	     o->max_metadata < (1u << 20))) {
+		fprintf(stderr, "reshardfs: -o max_metadata=%s: must be a size of at least 1M (bytes, or with K, M, G, T)\n",
+			o->max_metadata_s);
+		bad = -1;
 	}
 	o->cache_size = RS_DEFAULT_CACHE_SIZE;
 	if (o->cache_size_s) {

@@ -52,6 +52,11 @@
 	X(STR, "params", params, "FILE",                                      \
 	  "names and shapes of a metaseq checkpoint's flat\n"                 \
 	  "params, for files without shard_metadata")                         \
+	X(STR, "max_tensors", max_tensors_s, "N",                             \
+	  "refuse checkpoints of more tensors (default 262144)")              \
+	X(STR, "max_metadata", max_metadata_s, "SIZE",                        \
+	  "refuse checkpoints whose headers, pickles and JSON\n"              \
+	  "pass SIZE together (default 1G)")                                  \
 	X(STR, "cache_size", cache_size_s, "SIZE",                            \
 	  "block cache budget: bytes, or K/M/G/T (default 1G;\n"              \
 	  "at least 1M)")                                                     \
@@ -80,6 +85,7 @@ typedef struct {
 	char *source;           /* first non-option argument */
 	rs_layout_opts layout;
 	uint64_t cache_size;
+	uint64_t max_tensors, max_metadata;     /* 0: the defaults */
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */

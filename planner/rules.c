@@ -1,4 +1,5 @@
 #include "planner/rules.h"
+#include "planner/user_file.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -239,37 +240,10 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 /* Rules files are small; anything larger is a mistake, not a rules file. */
 #define RS_RULES_MAX_BYTES (1u << 20)
 
-static char *read_small_file(const char *path, rs_diag *d)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	size_t n;
-
-	if (!f) {
-		rs_diag_add(d, "%s: cannot open rules file: %s", path,
-			    strerror(errno));
-		return NULL;
-	}
-	buf = malloc(RS_RULES_MAX_BYTES + 1);
-	if (!buf)
-		goto out;
-	n = fread(buf, 1, RS_RULES_MAX_BYTES + 1, f);
-	if (ferror(f) || n > RS_RULES_MAX_BYTES) {
-		rs_diag_add(d, "%s: unreadable or larger than %u bytes", path,
-			    RS_RULES_MAX_BYTES);
-		free(buf);
-		buf = NULL;
-		goto out;
-	}
-	buf[n] = 0;
-out:
-	fclose(f);
-	return buf;
-}
-
 int rs_rules_load_json(rs_rules *r, const char *path, rs_diag *d)
 {
-	char *text = read_small_file(path, d);
+	char *text = rs_user_file_read(path, RS_RULES_MAX_BYTES, "rules file",
+				       NULL, d);
 	cJSON *root = NULL;
 	const cJSON *list, *item;
 	rs_rule *rules = NULL;

@@ -179,7 +179,9 @@ int rs_sources_fd(rs_sources *s, uint32_t index, int *fd)
 	pthread_mutex_lock(&s->open_lock);
 	got = atomic_load(&f->fd);
 	if (got < 0) {
-		got = rs_open_beneath(s->root, f->path, O_RDONLY);
+		/* O_NONBLOCK: a FIFO put in a source's place must not block
+		 * the daemon; it fails the identity check below. */
+		got = rs_open_beneath(s->root, f->path, O_RDONLY | O_NONBLOCK);
 		if (got < 0) {
 			err = got;
 			goto out;

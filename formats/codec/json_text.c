@@ -350,3 +350,37 @@ int rs_json_duplicate_key(const cJSON *obj, const char **dup)
 	free(keys);
 	return err;
 }
+
+size_t rs_json_first_fraction(const char *text, size_t len)
+{
+	bool in_string = false;
+
+	for (size_t i = 0; i < len; i++) {
+		char c = text[i];
+
+		if (in_string) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_string = false;
+			continue;
+		}
+		if (c == '"') {
+			in_string = true;
+			continue;
+		}
+		if (c == '-' || (c >= '0' && c <= '9')) {
+			size_t j = i;
+			bool fraction = false;
+
+			for (; j < len && text[j] && strchr("+-.0123456789eE", text[j]);
+			     j++)
+				fraction |= text[j] == '.' || text[j] == 'e' ||
+					    text[j] == 'E';
+			if (fraction)
+				return i;
+			i = j - 1;
+		}
+	}
+	return SIZE_MAX;
+}

@@ -37,6 +37,13 @@ int rs_json_duplicate_key(const cJSON *obj, const char **dup);
  * not every integer has one, so a larger one may not be what was written. */
 bool rs_json_u64(const cJSON *v, uint64_t *out);
 
+/* The first number of the JSON text written as a fraction or with an
+ * exponent (`3.0`, `4.8e1`): its offset, or SIZE_MAX when every number is
+ * an integer literal.  Formats whose readers take only integers (serde's
+ * usize, as safetensors has) refuse such a text though cJSON reads 3.0 as
+ * 3.  The text must be valid JSON. */
+size_t rs_json_first_fraction(const char *text, size_t len);
+
 /* Byte span [*start, *end) of the value of top-level key `key`.
  * Returns 0, or -ENOENT when the key is absent, -EINVAL on bad text. */
 int rs_json_value_span(const char *text, size_t len, const char *key,

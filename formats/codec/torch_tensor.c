@@ -77,6 +77,16 @@ int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
 	if (!data || !rs_mul_u64(numel, esize, &bytes) || bytes > data->size ||
 	    (!t->empty && last >= numel))
 		return -EINVAL;
+	/* Strides that reach fewer elements than the tensor has (a 0 stride:
+	 * an expanded view) repeat stored bytes: a 6 KB file could show
+	 * terabytes, which a copy of the view would then read. */
+	*why = "repeats stored elements (a stride of 0, or overlapping strides): an expanded view is not read";
+	if (!t->empty) {
+		uint64_t count;
+
+		if (!rs_product(t->shape, t->ndim, &count) || count > last - soff + 1)
+			return -EINVAL;
+	}
 	t->offset = data->offset + (t->empty ? 0 : soff * esize);
 	*why = NULL;
 	return 0;

@@ -11,10 +11,12 @@
  * rs_torch_tensor_read checks everything against the zip: the storage
  * record exists, holds numel elements, and every element the sizes and
  * strides reach lies inside it (an empty tensor reaches none, and its
- * storage may be empty).  Sizes are overflow-checked.  Returns 0, or
- * -EINVAL with *why a fixed phrase for the caller's line:
+ * storage may be empty), and the strides reach at least as many elements
+ * as the tensor has (no 0 stride: an expanded view would make a small file
+ * show a huge one).  Sizes are overflow-checked.  Returns 0, or -EINVAL
+ * with *why a fixed phrase for the caller's line:
  *   "is not one torch tensor", "has a dtype reshardfs does not know",
- *   "has elements outside their storage".
+ *   "has elements outside their storage", "repeats stored elements ...".
  */
 #ifndef RS_TORCH_TENSOR_H
 #define RS_TORCH_TENSOR_H

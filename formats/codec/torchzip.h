@@ -21,6 +21,8 @@
  * header offset + 30 + name length + the LOCAL extra length, which differs
  * from the central one: torch pads data to 64 bytes with a local 'FB'
  * extra field.  CRCs are reported, not checked (that would read the data).
+ * A `byteorder` record other than "little" is refused: torch.load would
+ * byteswap such a file's tensors, so its bytes are not the values.
  *
  * Writer.  rs_zip_layout_build lays out a whole torch.save zip without any
  * data in hand: local headers with the 'FB' padding extra, flags 0x0808

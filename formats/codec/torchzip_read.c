@@ -507,6 +507,34 @@ static int check_overlap(src *s, const rs_zip *z)
 	return err;
 }
 
+/* torch.save records the byte order of its storages (from torch 1.x):
+ * torch.load byteswaps a "big" file's tensors on a little-endian machine,
+ * so serving its bytes as they are would give other values.  Every reader
+ * of these zips refuses one here rather than each on its own. */
+static int check_byteorder(src *s, const rs_zip *z)
+{
+	const rs_zip_entry *bo = rs_zip_find(z, "byteorder");
+	char text[16] = { 0 };
+	int err;
+
+	if (!bo)
+		return 0;
+	if (bo->size >= sizeof(text))
+		return fail(s, -EINVAL, bo->offset, "byteorder record of %llu bytes",
+			    (unsigned long long)bo->size);
+	err = read_at(s, bo->offset, text, (size_t)bo->size);
+	if (err)
+		return err;
+	if (strcmp(text, "little") == 0)
+		return 0;
+	for (char *p = text; *p; p++)
+		if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+			*p = '?';
+	return fail(s, -EINVAL, bo->offset,
+		    "byteorder \"%s\": only little-endian torch.save files are read (load and save it again on a little-endian machine)",
+		    text);
+}
+
 int rs_zip_open(rs_zip *z, int fd, uint64_t base, uint64_t len, char *msg,
 		size_t msg_size)
 {
@@ -556,6 +584,8 @@ int rs_zip_open(rs_zip *z, int fd, uint64_t base, uint64_t len, char *msg,
 		err = read_local(&s, &e, &z->entries[i]);
 	if (!err)
 		err = check_overlap(&s, z);
+	if (!err)
+		err = check_byteorder(&s, z);
 	if (err)
 		goto out;
 	z->cd_offset = e.cd_offset;

@@ -46,6 +46,7 @@ typedef struct {
 /* Reader state the view needs (rs_checkpoint.extra). */
 typedef struct {
 	rs_pickle *pk;          /* data.pkl of TP rank 0, stage 0 */
+	char *first_path;       /* that file, for messages about its args */
 	const rs_pvalue *top;   /* its top-level dict */
 	const rs_pvalue *args;  /* its args (an argparse.Namespace object) */
 	uint32_t tp, pp, vpp;

@@ -39,6 +39,7 @@ void rs_meg_state_free(void *state)
 	}
 	free(st->tensors);
 	rs_pickle_free(st->pk);
+	free(st->first_path);
 	free(st);
 }
 
@@ -273,6 +274,11 @@ static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 		f->st->pk = pk;
 		f->st->top = top;
 		pk = NULL;
+		f->st->first_path = strdup(path);
+		if (!f->st->first_path) {
+			err = -ENOMEM;
+			goto out;
+		}
 		err = rs_meg_read_args(r, path);
 		if (!err) {
 			r->group = calloc(2 * (size_t)f->st->pp * f->st->vpp,
@@ -316,7 +322,7 @@ static int check_catalog(finder *f)
 					 offsetof(rs_tensor, name), &dup);
 	if (!err && dup != SIZE_MAX) {
 		rs_diag_add(f->d, "%s: two model entries are named %s",
-			    f->iter_path, c->tensors[dup].name);
+			    c->tensors[dup].origin, c->tensors[dup].name);
 		err = -EINVAL;
 	}
 	return err;

@@ -202,7 +202,7 @@ static int pw_level(builder *b, rs_pwriter *w, const size_t *in, size_t n,
 		rs_pw_cstr(w, key);
 		if (leaf && m > 1) {
 			rs_diag_add(b->d, "%s: model key %s is both a tensor and a dict",
-				    b->ck->dir_path, key);
+				    b->st->first_path, key);
 			err = -EINVAL;
 		} else if (leaf) {
 			const item *it = &b->items[group[0]];
@@ -291,7 +291,7 @@ static int pw_args(builder *b, rs_pwriter *w)
 		err = rs_pw_value(w, rs_pv_args(args), copy_allow, why,
 				  sizeof(why));
 	if (err) {
-		rs_diag_add(b->d, "%s: args: %s", b->ck->dir_path, why);
+		rs_diag_add(b->d, "%s: args: %s", b->st->first_path, why);
 		return -EINVAL;
 	}
 	if (rs_pv_kind(args) == RS_PV_REDUCE)
@@ -308,7 +308,7 @@ static int pw_args(builder *b, rs_pwriter *w)
 			err = rs_pw_value(w, rs_pv_val(state, i), copy_allow,
 					  why, sizeof(why));
 		if (err) {
-			rs_diag_add(b->d, "%s: args.%s: %s", b->ck->dir_path,
+			rs_diag_add(b->d, "%s: args.%s: %s", b->st->first_path,
 				    key ? key : "?", why);
 			return -EINVAL;
 		}
@@ -359,7 +359,7 @@ static int data_pkl(builder *b, uint8_t **out, size_t *len)
 			rs_pw_cstr(&w, key);
 			if (rs_pw_value(&w, rs_pv_val(top, i), copy_allow,
 					why, sizeof(why))) {
-				rs_diag_add(b->d, "%s: %s: %s", b->ck->dir_path,
+				rs_diag_add(b->d, "%s: %s: %s", b->st->first_path,
 					    key, why);
 				err = -EINVAL;
 			}

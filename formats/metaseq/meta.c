@@ -10,6 +10,7 @@
 
 #include "formats/codec/json_text.h"
 #include "planner/array.h"
+#include "planner/user_file.h"
 
 /* Params files are small; a larger one is a mistake. */
 #define MS_PARAMS_MAX_BYTES (64u << 20)
@@ -515,32 +516,6 @@ static int json_fairscale(ms_meta *m, const cJSON *root, const char *path,
 	return 0;
 }
 
-static char *read_params_file(const char *path, size_t *len, rs_diag *d)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-
-	if (!f) {
-		rs_diag_add(d, "%s: cannot open params file: %s", path,
-			    strerror(errno));
-		return NULL;
-	}
-	buf = malloc(MS_PARAMS_MAX_BYTES + 1);
-	if (buf) {
-		*len = fread(buf, 1, MS_PARAMS_MAX_BYTES + 1, f);
-		if (ferror(f) || *len > MS_PARAMS_MAX_BYTES) {
-			rs_diag_add(d, "%s: unreadable or larger than %u bytes",
-				    path, MS_PARAMS_MAX_BYTES);
-			free(buf);
-			buf = NULL;
-		} else {
-			buf[*len] = 0;
-		}
-	}
-	fclose(f);
-	return buf;
-}
-
 int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d)
 {
 	char why[100], *text;
@@ -549,7 +524,8 @@ int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d)
 	int err;
 
 	memset(m, 0, sizeof(*m));
-	text = read_params_file(path, &len, d);
+	text = rs_user_file_read(path, MS_PARAMS_MAX_BYTES, "params file", &len,
+				 d);
 	if (!text)
 		return -EINVAL;
 	err = rs_json_parse_object(text, len, &root, why, sizeof(why));

@@ -282,25 +282,6 @@ static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 	return err;
 }
 
-/* torch.save writes the byte order from torch 2.x; a big-endian file's
- * bytes are not what a little-endian view may serve. */
-static int check_byteorder(int fd, const rs_zip *z, const char *where,
-			   rs_diag *d)
-{
-	const rs_zip_entry *bo = rs_zip_find(z, "byteorder");
-	char text[8] = { 0 };
-
-	if (!bo)
-		return 0;
-	if (bo->size < sizeof(text) &&
-	    rs_pread_full(fd, text, bo->size, bo->offset) == 0 &&
-	    strcmp(text, "little") == 0)
-		return 0;
-	rs_diag_add(d, "%s: not stored little-endian (byteorder \"%s\")", where,
-		    text);
-	return -EINVAL;
-}
-
 static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 {
 	char msg[RS_ZIP_MSG_SIZE], perr[200], where[MS_WHERE];
@@ -324,9 +305,6 @@ static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 		err = err == -ENOMEM ? err : -EINVAL;
 		goto out;
 	}
-	err = check_byteorder(fd, &z, where, d);
-	if (err)
-		goto out;
 	pkl = rs_zip_find(&z, "data.pkl");
 	err = -EINVAL;
 	if (!pkl || pkl->size > MS_DATAPKL_MAX) {

@@ -403,8 +403,27 @@ int rs_safetensors_read_header(rs_checkpoint *ck, uint32_t source,
 		rs_diag_add(d, "%s: header: %s", where, why);
 	if (err)
 		return err;
+	/* Shapes and offsets are integers; the reference parser refuses 3.0
+	 * and 4.8e1, which cJSON reads as 3 and 48. */
+	if (rs_json_first_fraction(text, len) != SIZE_MAX) {
+		size_t at = rs_json_first_fraction(text, len);
+
+		rs_diag_add(d, "%s: header: a number at byte %zu (%.*s) is not an integer literal",
+			    where, at, (int)strspn(text + at, "+-.0123456789eE"),
+			    text + at);
+		err = -EINVAL;
+		goto out;
+	}
 	cJSON_ArrayForEach(it, root)
 		nv++;
+	/* Refused before anything is made of them: a header of a million
+	 * tiny entries is a few dozen MB but costs the mount gigabytes. */
+	if (ck->max_tensors && nv > ck->max_tensors - ck->catalog.count + 1) {
+		rs_diag_add(d, "%s: header lists %zu tensors, more than the %llu a checkpoint may have; -o max_tensors=N raises the limit",
+			    where, nv, (unsigned long long)ck->max_tensors);
+		err = -EINVAL;
+		goto out;
+	}
 	v = calloc(nv ? nv : 1, sizeof(*v));
 	if (!v) {
 		err = -ENOMEM;
@@ -461,6 +480,9 @@ static int read_file(reader *r, uint32_t src, const char *relpath)
 			    (unsigned long long)size);
 		return -EINVAL;
 	}
+	err = rs_checkpoint_charge(ck, n, relpath, r->d);
+	if (err)
+		return err;
 	text = malloc(n + 1);
 	if (!text)
 		return -ENOMEM;
