@@ -16,10 +16,12 @@
  *     REDUCE(collections.OrderedDict, ()) + SETITEMS) are recorded as its
  *     list items / dict items.
  *   - BINPERSID / PERSID give a PERSID value holding the pid.
- * Opcodes: those of protocols 0-5 (see pickle.c), less the text FLOAT,
- * STRING and UNICODE of protocol 0 (torch.save cannot write protocol 0)
- * and protocol 5's NEXT_BUFFER and READONLY_BUFFER, whose out-of-band
- * buffers are never in a file.  BYTEARRAY8 gives what protocols 3-4 write
+ * Opcodes: those of protocols 1-5 (see pickle.c), less INST and OBJ
+ * (Python 3 never writes them), EXT1/2/4 (codes of copyreg's extension
+ * registry, which nothing here registers), protocol 0's text FLOAT, LONG,
+ * STRING and UNICODE (torch.save cannot write protocol 0) and protocol 5's
+ * NEXT_BUFFER and READONLY_BUFFER, whose out-of-band buffers are never in
+ * a file.  BYTEARRAY8 gives what protocols 3-4 write
  * for a bytearray, REDUCE(builtins.bytearray, (bytes,)), builtins.bytearray
  * being checked like any GLOBAL.  Any other opcode fails with its byte and
  * offset.
