@@ -836,12 +836,6 @@ static void test_protocol5(void)
 	CHECK(rs_pv_bytes(rs_pv_item(r, 1), &n) && n == 2);
 	CHECK(rs_pv_kind(rs_pv_item(r, 2)) == RS_PV_SET);
 	rs_pickle_free(p);
-	truncate_all(LIT(proto5), allow);
-	truncate_all(LIT(enum2), allow_enum);
-	truncate_all(LIT(enum4), allow_enum);
-	truncate_all(LIT(recon1), allow_enum);
-	mutate_all(LIT(enum2), allow_enum);
-	mutate_all(LIT(recon1), allow_enum);
 }
 
 static void test_truncate_and_mutate(void)
@@ -850,12 +844,27 @@ static void test_truncate_and_mutate(void)
 	uint8_t *dcp = slurp("pickle_dcp.metadata", &n1);
 	uint8_t *pt = slurp("pickle_torch.pkl", &n2);
 
-	truncate_all(LIT(plain2), allow_py);
-	truncate_all(LIT(plain4), allow_py);
-	truncate_all(LIT(rare4), allow_py);
-	truncate_all(LIT(text0), NULL);
-	mutate_all(LIT(plain4), allow_py);
-	mutate_all(LIT(rare4), allow_py);
+	static const char *const allow5[] = { "builtins.bytearray", NULL };
+	static const struct {
+		const char *pkl;
+		size_t len;
+		const char *const *allow;
+		bool mutate;
+	} in[] = {
+#define P(s, allow, mutate) { s, sizeof(s) - 1, allow, mutate }
+		P(plain2, allow_py, false), P(plain4, allow_py, true),
+		P(rare4, allow_py, true), P(text0, NULL, false),
+		P(enum2, allow_enum, true), P(enum4, allow_enum, false),
+		P(recon1, allow_enum, true), P(proto5, allow5, false),
+#undef P
+	};
+
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+		truncate_all((const uint8_t *)in[i].pkl, in[i].len, in[i].allow);
+		if (in[i].mutate)
+			mutate_all((const uint8_t *)in[i].pkl, in[i].len,
+				   in[i].allow);
+	}
 	if (dcp) {
 		truncate_all(dcp, n1, rs_pickle_allow_torch);
 		mutate_all(dcp, n1, rs_pickle_allow_torch);
