@@ -969,7 +969,6 @@ static int push_persid(struct parser *ps, rs_pvalue *pid)
 	if (pid->taint)
 		return misuse(ps, pid->taint);
 	err = new_value(ps, RS_PV_PERSID, 0, &v);
-
 	if (err)
 		return err;
 	v->u.pid = pid;
