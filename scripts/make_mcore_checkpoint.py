@@ -4,12 +4,14 @@
 Usage:
     python make_mcore_checkpoint.py OUTDIR [--tp T] [--backend zarr|torch_dist]
                                    [--verify-load] [--with-optimizer] [--seed S]
-    python make_mcore_checkpoint.py DUMP --tp T --load-from CKPT
+                                   [--hidden H] [--vocab V]
+    python make_mcore_checkpoint.py DUMP --tp T --load-from CKPT [--hidden H]
+                                   [--vocab V]
 
 Spawns T processes (torch.multiprocessing), joins them with torch.distributed
 over gloo on 127.0.0.1, builds a tiny GPTModel (2 layers, hidden 64, ffn 128,
 8 heads, 4 query groups (GQA), SwiGLU, RMSNorm, RoPE, vocab 1000 padded per
-Megatron rules) at tensor-parallel size T with the local (non-TE) layer spec,
+Megatron rules; --hidden and --vocab make it smaller, ffn being 2 x hidden) at tensor-parallel size T with the local (non-TE) layer spec,
 and saves its sharded_state_dict with megatron.core.dist_checkpointing.save.
 
 Needs: torch (the PyPI CUDA build works without a GPU), megatron-core <= 0.15.x
@@ -59,7 +61,7 @@ def pad_vocab(vocab_size, tp, divisible_by=128):
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def build_model(tp, seed):
+def build_model(tp, seed, hidden=64, vocab=1000):
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -69,8 +71,8 @@ def build_model(tp, seed):
     torch.manual_seed(seed)
     config = TransformerConfig(
         num_layers=2,
-        hidden_size=64,
-        ffn_hidden_size=128,
+        hidden_size=hidden,
+        ffn_hidden_size=2 * hidden,
         num_attention_heads=8,
         num_query_groups=4,  # GQA, and TP up to 4
         gated_linear_unit=True,  # SwiGLU
@@ -97,7 +99,7 @@ def build_model(tp, seed):
     model = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=pad_vocab(1000, tp),
+        vocab_size=pad_vocab(vocab, tp),
         max_sequence_length=128,
         pre_process=True,
         post_process=True,
@@ -107,7 +109,7 @@ def build_model(tp, seed):
     return model
 
 
-def optimizer_sharded_state_dict(model, model_sharded_sd, seed):
+def optimizer_sharded_state_dict(model, model_sharded_sd, seed, vocab=1000):
     """AdamW state after one training step, as Megatron's FP32Optimizer
     (non-distributed optimizer) lays it out in a checkpoint:
     'optimizer.state.exp_avg.<param key>', 'optimizer.state.exp_avg_sq.<param key>',
@@ -135,9 +137,9 @@ def optimizer_sharded_state_dict(model, model_sharded_sd, seed):
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
     # one real forward/backward step on random tokens
     g = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, 1000, (2, 16), generator=g)
+    tokens = torch.randint(0, vocab, (2, 16), generator=g)
     pos = torch.arange(16).unsqueeze(0).expand(2, -1)
-    labels = torch.randint(0, 1000, (2, 16), generator=g)
+    labels = torch.randint(0, vocab, (2, 16), generator=g)
     # explicit CPU causal mask (True = masked); the default one is built on 'cuda'
     mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)[None, None]
     loss = model(tokens, pos, attention_mask=mask, labels=labels).float().mean()
@@ -156,7 +158,8 @@ def optimizer_sharded_state_dict(model, model_sharded_sd, seed):
     return state_dict, float(loss.detach())
 
 
-def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_optimizer=False):
+def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_optimizer=False,
+            hidden=64, vocab=1000):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -171,11 +174,11 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_opt
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
 
-    model = build_model(world_size, seed)
+    model = build_model(world_size, seed, hidden, vocab)
     sharded_sd = model.sharded_state_dict(prefix="")
     if with_optimizer:
         # step first (changes the weights), then rebuild the model part
-        opt_sd, loss = optimizer_sharded_state_dict(model, sharded_sd, seed)
+        opt_sd, loss = optimizer_sharded_state_dict(model, sharded_sd, seed, vocab)
         sharded_sd = model.sharded_state_dict(prefix="")
         if rank == 0:
             print(f"one AdamW step done, loss={loss:.4f}", flush=True)
@@ -246,7 +249,7 @@ def resolve_load_dir(path):
     return os.path.join(path, name)
 
 
-def _load_worker(rank, world_size, port, ckpt, dump, seed):
+def _load_worker(rank, world_size, port, ckpt, dump, seed, hidden=64, vocab=1000):
     """Builds the model at tp=world_size, loads `ckpt` (zarr or torch_dist) into it with
     megatron's own loader and writes each rank's tensors to dump.<rank>.npz."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -265,7 +268,7 @@ def _load_worker(rank, world_size, port, ckpt, dump, seed):
     )
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
-    model = build_model(world_size, seed + 1)  # different init: must be overwritten
+    model = build_model(world_size, seed + 1, hidden, vocab)  # different init: overwritten
     ckpt = resolve_load_dir(ckpt)
     import json
     with open(os.path.join(ckpt, "metadata.json")) as f:
@@ -295,6 +298,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--with-optimizer", action="store_true",
                     help="take one AdamW step and also save the optimizer state")
+    ap.add_argument("--hidden", type=int, default=64,
+                    help="hidden size (a multiple of 8; ffn is twice it)")
+    ap.add_argument("--vocab", type=int, default=1000,
+                    help="vocabulary size before Megatron's padding")
     ap.add_argument("--load-from", metavar="CKPT",
                     help="instead of saving: load the checkpoint CKPT (an "
                          "iteration directory, or a root with its tracker "
@@ -306,7 +313,8 @@ def main(argv=None):
 
     if args.load_from:
         mp.spawn(_load_worker, args=(args.tp, _free_port(), os.path.abspath(args.load_from),
-                                     os.path.abspath(args.outdir), args.seed),
+                                     os.path.abspath(args.outdir), args.seed, args.hidden,
+                                     args.vocab),
                  nprocs=args.tp, join=True)
         return 0
 
@@ -316,7 +324,7 @@ def main(argv=None):
 
     port = _free_port()
     mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed,
-                               args.with_optimizer),
+                               args.with_optimizer, args.hidden, args.vocab),
              nprocs=args.tp, join=True)
 
 

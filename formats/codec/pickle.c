@@ -31,7 +31,8 @@
 	X(SHORT_BINUNICODE, 0x8c) X(BINUNICODE8, 0x8d) X(BINBYTES8, 0x8e)   \
 	X(EMPTY_SET, 0x8f) X(ADDITEMS, 0x90) X(FROZENSET, 0x91)             \
 	X(NEWOBJ_EX, 0x92) X(STACK_GLOBAL, 0x93) X(MEMOIZE, 0x94)           \
-	X(FRAME, 0x95)
+	X(FRAME, 0x95) X(BYTEARRAY8, 0x96) X(NEXT_BUFFER, 0x97)             \
+	X(READONLY_BUFFER, 0x98)
 
 enum {
 #define X(name, byte) OP_##name = byte,
@@ -39,7 +40,8 @@ enum {
 #undef X
 };
 
-/* FLOAT (text) is in the table only so its name prints; it is refused. */
+/* FLOAT (text) is in the table only so its name prints; it is refused, and
+ * so are NEXT_BUFFER and READONLY_BUFFER. */
 static const char *opname(int op)
 {
 	switch (op) {
@@ -50,9 +52,23 @@ static const char *opname(int op)
 	return NULL;
 }
 
+/* The callables a pickle may name only in one shape (see pickle.h,
+ * "Construction forms"): the GLOBAL gives a token, not a value. */
+enum {
+	SP_NONE,
+	SP_GETATTR,		/* builtins.getattr */
+	SP_RECONSTRUCTOR,	/* copyreg._reconstructor */
+	SP_NEWOBJ,		/* copyreg.__newobj__ */
+	SP_NEWOBJ_EX,		/* copyreg.__newobj_ex__ */
+	SP_OBJECT,		/* builtins.object, the base of _reconstructor */
+};
+
 struct rs_pvalue {
 	rs_pvalue *next;	/* every allocated value of a parse */
 	rs_pkind kind;
+	/* The token this value is (a GLOBAL with `special`) or a tuple holds;
+	 * such a value may only be consumed by its form's REDUCE. */
+	const rs_pvalue *taint;
 	union {
 		bool b;
 		int64_t i;
@@ -67,6 +83,8 @@ struct rs_pvalue {
 		} seq;			/* TUPLE, LIST, DICT, SET */
 		struct {
 			char *module, *name;
+			char *attr;	/* getattr(cls, attr): in name */
+			int special;	/* SP_* */
 		} g;
 		struct {
 			rs_pvalue *func, *args, *kwargs, *state;
@@ -210,6 +228,29 @@ static int new_blob(struct parser *ps, rs_pkind kind, const uint8_t *src,
 	return 0;
 }
 
+/* A construction token outside its own REDUCE (as_value), or that REDUCE
+ * with arguments of another shape. */
+static int refuse_form(struct parser *ps, const rs_pvalue *tok, bool as_value)
+{
+	static const char *const shape[] = {
+		[SP_GETATTR] = "getattr(class, 'name')",
+		[SP_RECONSTRUCTOR] = "copyreg._reconstructor(class, object, None)",
+		[SP_NEWOBJ] = "copyreg.__newobj__(class, *args)",
+		[SP_NEWOBJ_EX] = "copyreg.__newobj_ex__(class, args, kwargs)",
+		[SP_OBJECT] = "the base class of copyreg._reconstructor",
+	};
+
+	return fail(ps, -EINVAL, "%s.%s %s: it is only read as %s",
+		    tok->u.g.module, tok->u.g.name,
+		    as_value ? "used as a value" : "called with other arguments",
+		    shape[tok->u.g.special]);
+}
+
+static int misuse(struct parser *ps, const rs_pvalue *tok)
+{
+	return refuse_form(ps, tok, true);
+}
+
 static bool is_seq(rs_pkind k)
 {
 	return k == RS_PV_TUPLE || k == RS_PV_LIST || k == RS_PV_DICT ||
@@ -227,6 +268,16 @@ static int seq_add(struct parser *ps, rs_pvalue *v, rs_pvalue *const *items,
 	if (n > ps->lim->max_items || v->u.seq.n > ps->lim->max_items - n)
 		return fail(ps, -E2BIG, "container over %llu items",
 			    (unsigned long long)ps->lim->max_items);
+	/* A tuple may carry a token to its form's REDUCE (a tuple is never
+	 * added to later); no other container may hold one. */
+	for (size_t i = 0; i < n; i++) {
+		if (!items[i]->taint)
+			continue;
+		if (v->kind != RS_PV_TUPLE)
+			return misuse(ps, items[i]->taint);
+		if (!v->taint)
+			v->taint = items[i]->taint;
+	}
 	need = v->u.seq.n + n;
 	if (need > v->u.seq.cap) {
 		cap = v->u.seq.cap ? v->u.seq.cap : 4;
@@ -582,6 +633,31 @@ static int check_name(struct parser *ps, const rs_pvalue *v)
 	return 0;
 }
 
+/* Which construction token a GLOBAL is.  getattr and the copyreg
+ * functions always are (allowed or not, they are only read in their
+ * shape); builtins.object is one unless the caller allows it as a value. */
+static int special_of(const struct parser *ps, const char *mod,
+		      const char *name)
+{
+	static const struct {
+		const char *mod, *name;
+		int special;
+	} forms[] = {
+		{ "builtins", "getattr", SP_GETATTR },
+		{ "copyreg", "_reconstructor", SP_RECONSTRUCTOR },
+		{ "copyreg", "__newobj__", SP_NEWOBJ },
+		{ "copyreg", "__newobj_ex__", SP_NEWOBJ_EX },
+	};
+
+	for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++)
+		if (!strcmp(mod, forms[i].mod) && !strcmp(name, forms[i].name))
+			return forms[i].special;
+	if (!strcmp(mod, "builtins") && !strcmp(name, "object") &&
+	    !rs_pickle_allowed(ps->lim->allow, mod, name))
+		return SP_OBJECT;
+	return SP_NONE;
+}
+
 /* Builds the GLOBAL value, mapping Python 2 module names the way Python's
  * unpickler does (fix_imports) for protocols below 3. */
 static int push_global(struct parser *ps, const uint8_t *mod, size_t mlen,
@@ -614,7 +690,10 @@ static int push_global(struct parser *ps, const uint8_t *mod, size_t mlen,
 	v->u.g.name = v->u.g.module + mlen + 1;
 	memcpy(v->u.g.module, mod, mlen);
 	memcpy(v->u.g.name, name, nlen);
-	if (!rs_pickle_allowed(ps->lim->allow, v->u.g.module, v->u.g.name))
+	v->u.g.special = special_of(ps, v->u.g.module, v->u.g.name);
+	if (v->u.g.special)
+		v->taint = v;
+	else if (!rs_pickle_allowed(ps->lim->allow, v->u.g.module, v->u.g.name))
 		return fail(ps, -EINVAL, "GLOBAL %s.%s is not allowed",
 			    v->u.g.module, v->u.g.name);
 	return push(ps, v);
@@ -662,9 +741,142 @@ static int add_items(struct parser *ps, int op, rs_pkind want,
 	return err ? err : seq_add(ps, t, items, n);
 }
 
+/* A class a form may construct or take an attribute of: an allowed
+ * GLOBAL, neither a token nor a getattr result. */
+static bool plain_global(const rs_pvalue *v)
+{
+	return v->kind == RS_PV_GLOBAL && !v->u.g.special && !v->u.g.attr;
+}
+
+static int push_call(struct parser *ps, rs_pkind kind, rs_pvalue *func,
+		     rs_pvalue *args, rs_pvalue *kwargs)
+{
+	rs_pvalue *v;
+	int err = new_value(ps, kind, 0, &v);
+
+	if (err)
+		return err;
+	v->u.call.func = func;
+	v->u.call.args = args;
+	v->u.call.kwargs = kwargs;
+	return push(ps, v);
+}
+
+/* An attribute name getattr may take: an ASCII identifier that does not
+ * start with '_', so no dunder (__class__, __globals__, __subclasses__)
+ * nor private member is reached. */
+static bool public_name(const rs_pvalue *s)
+{
+	if (s->kind != RS_PV_STR || s->u.s.n == 0 || s->u.s.p[0] == '_' ||
+	    (s->u.s.p[0] >= '0' && s->u.s.p[0] <= '9'))
+		return false;
+	for (size_t i = 0; i < s->u.s.n; i++) {
+		char c = s->u.s.p[i];
+
+		if (!(c == '_' || (c >= '0' && c <= '9') ||
+		      (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+			return false;
+	}
+	return true;
+}
+
+/* getattr(cls, 'name'), as Python 3.11.0-3.11.4 pickle an Enum member and
+ * protocols below 4 a nested class: the GLOBAL module.Cls.name, inert like
+ * any GLOBAL, which protocol 4 would spell STACK_GLOBAL(module, 'Cls.name'). */
+static int load_getattr(struct parser *ps, const rs_pvalue *func,
+			const rs_pvalue *args)
+{
+	const rs_pvalue *cls, *name;
+	size_t mlen, clen, alen;
+	rs_pvalue *v;
+	int err;
+
+	if (args->u.seq.n == 3)
+		return fail(ps, -EINVAL, "builtins.getattr with a default (3 arguments) is not read");
+	if (args->u.seq.n != 2)
+		return refuse_form(ps, func, false);
+	cls = args->u.seq.v[0];
+	name = args->u.seq.v[1];
+	if (cls->taint)
+		return misuse(ps, cls->taint);
+	if (cls->kind == RS_PV_GLOBAL && cls->u.g.attr)
+		return fail(ps, -EINVAL, "getattr on a getattr result (%s.%s) is not read",
+			    cls->u.g.module, cls->u.g.name);
+	if (!plain_global(cls))
+		return fail(ps, -EINVAL, "builtins.getattr on a value that is not an allowed GLOBAL is not read");
+	if (name->kind != RS_PV_STR)
+		return fail(ps, -EINVAL, "getattr(%s.%s, ...) with a name that is not a string is not read",
+			    cls->u.g.module, cls->u.g.name);
+	if (!public_name(name))
+		return fail(ps, -EINVAL, "getattr(%s.%s, '%.60s') is not read: the name must be an identifier not starting with '_'",
+			    cls->u.g.module, cls->u.g.name, name->u.s.p);
+	mlen = strlen(cls->u.g.module);
+	clen = strlen(cls->u.g.name);
+	alen = name->u.s.n;
+	if (alen > SIZE_MAX / 4 - mlen - clen)
+		return fail(ps, -E2BIG, "getattr: name too long");
+	err = new_value(ps, RS_PV_GLOBAL, mlen + clen + alen + 3, &v);
+	if (err)
+		return err;
+	v->u.g.module = (char *)(v + 1);
+	v->u.g.name = v->u.g.module + mlen + 1;
+	v->u.g.attr = v->u.g.name + clen + 1;
+	memcpy(v->u.g.module, cls->u.g.module, mlen);
+	memcpy(v->u.g.name, cls->u.g.name, clen);
+	v->u.g.name[clen] = '.';
+	memcpy(v->u.g.attr, name->u.s.p, alen);
+	return push(ps, v);
+}
+
+/* The copyreg reconstructors protocols 0 and 1 write for objects, read as
+ * the OBJECT that NEWOBJ / NEWOBJ_EX give for the same object under
+ * protocols 2 and 4:
+ *   _reconstructor(cls, object, None)    -> OBJECT(cls, ())
+ *   __newobj__(cls, *args)               -> OBJECT(cls, args)
+ *   __newobj_ex__(cls, args, kwargs)     -> OBJECT(cls, args, kwargs) */
+static int load_copyreg(struct parser *ps, const rs_pvalue *func,
+			rs_pvalue *args)
+{
+	rs_pvalue **a = args->u.seq.v, *rest;
+	size_t n = args->u.seq.n;
+	int special = func->u.g.special;
+	int err;
+
+	if (n >= 1 && a[0]->taint)
+		return misuse(ps, a[0]->taint);
+	if (n < 1 || !plain_global(a[0]))
+		goto bad;
+	if (special == SP_RECONSTRUCTOR) {
+		/* object.__new__(cls): any other base would run its own
+		 * __new__/__init__ on the state. */
+		if (n != 3 || a[2]->kind != RS_PV_NONE ||
+		    a[1]->kind != RS_PV_GLOBAL ||
+		    strcmp(a[1]->u.g.module, "builtins") != 0 ||
+		    strcmp(a[1]->u.g.name, "object") != 0)
+			goto bad;
+		err = new_seq(ps, RS_PV_TUPLE, NULL, 0, &rest);
+		return err ? err : push_call(ps, RS_PV_OBJECT, a[0], rest, NULL);
+	}
+	if (special == SP_NEWOBJ) {
+		err = new_seq(ps, RS_PV_TUPLE, n > 1 ? a + 1 : NULL, n - 1, &rest);
+		if (err)
+			return err;
+		if (rest->taint)
+			return misuse(ps, rest->taint);
+		return push_call(ps, RS_PV_OBJECT, a[0], rest, NULL);
+	}
+	if (n != 3 || a[1]->kind != RS_PV_TUPLE || a[2]->kind != RS_PV_DICT)
+		goto bad;
+	if (a[1]->taint)
+		return misuse(ps, a[1]->taint);
+	return push_call(ps, RS_PV_OBJECT, a[0], a[1], a[2]);
+bad:
+	return refuse_form(ps, func, false);
+}
+
 static int load_call(struct parser *ps, int op)
 {
-	rs_pvalue *func, *args, *kwargs = NULL, *v;
+	rs_pvalue *func, *args, *kwargs = NULL;
 	int err = 0;
 
 	if (op == OP_NEWOBJ_EX)
@@ -681,14 +893,25 @@ static int load_call(struct parser *ps, int op)
 	if (kwargs && kwargs->kind != RS_PV_DICT)
 		return fail(ps, -EINVAL, "%s: keyword arguments are not a dict",
 			    opname(op));
-	err = new_value(ps, op == OP_REDUCE ? RS_PV_REDUCE : RS_PV_OBJECT, 0,
-			&v);
-	if (err)
-		return err;
-	v->u.call.func = func;
-	v->u.call.args = args;
-	v->u.call.kwargs = kwargs;
-	return push(ps, v);
+	if (func->kind == RS_PV_GLOBAL && op == OP_REDUCE &&
+	    func->u.g.special == SP_GETATTR)
+		return load_getattr(ps, func, args);
+	if (func->kind == RS_PV_GLOBAL && op == OP_REDUCE &&
+	    func->u.g.special && func->u.g.special != SP_OBJECT)
+		return load_copyreg(ps, func, args);
+	if (func->taint)
+		return misuse(ps, func->taint);
+	if (args->taint)
+		return misuse(ps, args->taint);
+	/* An attribute is data (an Enum member); calling one would reach
+	 * methods the allowlist never named. */
+	if (func->kind == RS_PV_GLOBAL && func->u.g.attr)
+		return fail(ps, -EINVAL, "%s of getattr(%s.%.*s, '%s') is not read: a getattr result is not called",
+			    opname(op), func->u.g.module,
+			    (int)(func->u.g.attr - func->u.g.name - 1),
+			    func->u.g.name, func->u.g.attr);
+	return push_call(ps, op == OP_REDUCE ? RS_PV_REDUCE : RS_PV_OBJECT,
+			 func, args, kwargs);
 }
 
 static int load_build(struct parser *ps)
@@ -700,6 +923,8 @@ static int load_build(struct parser *ps)
 		err = top(ps, OP_BUILD, &obj);
 	if (err)
 		return err;
+	if (state->taint)
+		return misuse(ps, state->taint);
 	if (obj->kind != RS_PV_REDUCE && obj->kind != RS_PV_OBJECT)
 		return fail(ps, -EINVAL, "BUILD on a value that is not an object");
 	if (obj->u.call.state)
@@ -739,8 +964,11 @@ static int load_marked(struct parser *ps, int op, rs_pkind kind)
 static int push_persid(struct parser *ps, rs_pvalue *pid)
 {
 	rs_pvalue *v;
-	int err = new_value(ps, RS_PV_PERSID, 0, &v);
+	int err;
 
+	if (pid->taint)
+		return misuse(ps, pid->taint);
+	err = new_value(ps, RS_PV_PERSID, 0, &v);
 	if (err)
 		return err;
 	v->u.pid = pid;
@@ -753,6 +981,25 @@ static int push_new(struct parser *ps, rs_pkind kind)
 	int err = new_value(ps, kind, 0, &v);
 
 	return err ? err : push(ps, v);
+}
+
+/* BYTEARRAY8 (protocol 5): the REDUCE(builtins.bytearray, (bytes,)) that
+ * protocols 3 and 4 write for the same bytearray. */
+static int load_bytearray(struct parser *ps)
+{
+	static const uint8_t mod[] = "builtins", name[] = "bytearray";
+	rs_pvalue *bytes, *cls, *args;
+	int err = load_blob(ps, OP_BYTEARRAY8, 8, false, RS_PV_BYTES);
+
+	if (!err)
+		err = pop(ps, OP_BYTEARRAY8, &bytes);
+	if (!err)
+		err = push_global(ps, mod, sizeof(mod) - 1, name, sizeof(name) - 1);
+	if (!err)
+		err = pop(ps, OP_BYTEARRAY8, &cls);
+	if (!err)
+		err = new_seq(ps, RS_PV_TUPLE, &bytes, 1, &args);
+	return err ? err : push_call(ps, RS_PV_REDUCE, cls, args, NULL);
 }
 
 /* ---- the machine ------------------------------------------------------- */
@@ -788,6 +1035,8 @@ static int step(struct parser *ps, int op, bool *done)
 		err = pop(ps, op, &v);
 		if (err)
 			return err;
+		if (v->taint)
+			return misuse(ps, v->taint);
 		ps->p->root = v;
 		*done = true;
 		return 0;
@@ -867,6 +1116,14 @@ static int step(struct parser *ps, int op, bool *done)
 		return load_blob(ps, op, 4, false, RS_PV_BYTES);
 	case OP_BINBYTES8:
 		return load_blob(ps, op, 8, false, RS_PV_BYTES);
+	case OP_BYTEARRAY8:
+		return load_bytearray(ps);
+	case OP_NEXT_BUFFER:
+	case OP_READONLY_BUFFER:
+		/* Their buffers travel beside the pickle (buffer_callback);
+		 * a file holds none. */
+		return fail(ps, -EINVAL, "%s: out-of-band buffers (pickle protocol 5) cannot be read from a file",
+			    opname(op));
 	case OP_EMPTY_TUPLE:
 		return load_tuple_n(ps, op, 0);
 	case OP_TUPLE1:
@@ -1177,6 +1434,11 @@ const char *rs_pv_global_module(const rs_pvalue *v)
 const char *rs_pv_global_name(const rs_pvalue *v)
 {
 	return rs_pv_kind(v) == RS_PV_GLOBAL ? v->u.g.name : NULL;
+}
+
+const char *rs_pv_global_attr(const rs_pvalue *v)
+{
+	return rs_pv_kind(v) == RS_PV_GLOBAL ? v->u.g.attr : NULL;
 }
 
 bool rs_pv_global_is(const rs_pvalue *v, const char *full)

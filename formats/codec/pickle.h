@@ -16,8 +16,36 @@
  *     REDUCE(collections.OrderedDict, ()) + SETITEMS) are recorded as its
  *     list items / dict items.
  *   - BINPERSID / PERSID give a PERSID value holding the pid.
- * Opcodes: those protocols 2-4 use for these files (see pickle.c).  Any
- * other opcode fails with its byte and offset.
+ * Opcodes: those of protocols 1-5 (see pickle.c), less INST and OBJ
+ * (Python 3 never writes them), EXT1/2/4 (codes of copyreg's extension
+ * registry, which nothing here registers), protocol 0's text FLOAT, LONG,
+ * STRING and UNICODE (torch.save cannot write protocol 0) and protocol 5's
+ * NEXT_BUFFER and READONLY_BUFFER, whose out-of-band buffers are never in
+ * a file.  BYTEARRAY8 gives what protocols 3-4 write
+ * for a bytearray, REDUCE(builtins.bytearray, (bytes,)), builtins.bytearray
+ * being checked like any GLOBAL.  Any other opcode fails with its byte and
+ * offset.
+ *
+ * Construction forms.  A few callables are read only in one shape, whatever
+ * the allowlist says; their GLOBAL gives a token that only that REDUCE may
+ * take, and a token anywhere else (in a list, dict, set, state, persistent
+ * id, as the result, NEWOBJ'd, or a tuple holding one used so) fails the
+ * parse with a line naming it:
+ *   - REDUCE(builtins.getattr, (cls, 'name')), how Python 3.11.0-3.11.4
+ *     pickle an Enum member (3.11.5 and later write REDUCE(cls, (value,)))
+ *     and protocols below 4 a nested class, gives the GLOBAL (module,
+ *     "Cls.name") - what protocol 4 spells STACK_GLOBAL(module, "Cls.name"),
+ *     as inert as cls itself.  cls must be an allowed GLOBAL (not itself a
+ *     getattr result) and name an ASCII identifier that does not start
+ *     with '_' (no __class__, __globals__, __subclasses__); a third
+ *     argument (a default) is refused.  Such a GLOBAL is data: REDUCE or
+ *     NEWOBJ of it is refused.
+ *   - copyreg._reconstructor(cls, object, None), copyreg.__newobj__(cls,
+ *     *args) and copyreg.__newobj_ex__(cls, args, kwargs), what protocols 0
+ *     and 1 write for objects, give the OBJECT(cls, args[, kwargs]) that
+ *     NEWOBJ / NEWOBJ_EX give for the same object; cls must be an allowed
+ *     GLOBAL.  builtins.object is a token too (the base there) unless the
+ *     allowlist has it.
  *
  * Ownership.  Every value of one parse lives in its rs_pickle and is freed,
  * all at once, by rs_pickle_free().  Values are shared (the memo hands out
@@ -141,6 +169,10 @@ const rs_pvalue *rs_pv_get(const rs_pvalue *dict, const char *key);
 /* GLOBAL. */
 const char *rs_pv_global_module(const rs_pvalue *v);
 const char *rs_pv_global_name(const rs_pvalue *v);
+/* GLOBAL made by getattr(cls, attr): attr (the part of the name after
+ * cls's); NULL for any other value, GLOBALs from GLOBAL/STACK_GLOBAL
+ * included. */
+const char *rs_pv_global_attr(const rs_pvalue *v);
 /* GLOBAL whose "module.name" equals full, e.g. "torch._utils._rebuild_tensor_v2". */
 bool rs_pv_global_is(const rs_pvalue *v, const char *full);
 
@@ -231,19 +263,33 @@ void rs_pw_persid(rs_pwriter *w);
 #define RS_PW_COPY_MAX_DEPTH 100
 #define RS_PW_COPY_MAX_VALUES (1u << 20)
 
+/* The value of an Enum member, so that a getattr(cls, name) GLOBAL can be
+ * written as REDUCE(cls, (value,)) - the form Python 3.11.5+ write and the
+ * only one torch's weights_only unpickler loads (it allows no getattr). */
+typedef struct rs_pw_member {
+	const char *cls;	/* "module.Class" */
+	const char *name;
+	int64_t value;
+} rs_pw_member;
+
 /* Writes `v` (from rs_pickle_parse) as a pickle that unpickles to the
  * same object: scalars, strings, bytes, containers, GLOBALs and the
  * REDUCE/NEWOBJ objects built from them, with their APPENDS/SETITEMS
  * items and BUILD state, in the order Python's pickler writes them.  A
  * set is written as builtins.set([...]) (protocol 2 has no set opcode; a
- * frozenset becomes a set).  Refused with -EINVAL and one line in err:
- * a GLOBAL that `allow` (patterns as rs_pickle_limits.allow) does not
- * allow, a persistent id (a tensor or storage), NEWOBJ_EX keyword
- * arguments, nesting past RS_PW_COPY_MAX_DEPTH or more than
- * RS_PW_COPY_MAX_VALUES values (-E2BIG).  Writer errors (-ENOMEM) are
- * returned too. */
+ * frozenset becomes a set).  A getattr(cls, name) GLOBAL is written as
+ * REDUCE(cls, (value,)) when `members` (cls NULL ends it; NULL for none)
+ * has its value, else as REDUCE(builtins.getattr, (cls, name)) again.
+ * Refused with -EINVAL and one line in err: a GLOBAL that `allow`
+ * (patterns as rs_pickle_limits.allow) does not allow (a getattr GLOBAL
+ * is checked by its whole dotted name, so "pkg.enums.*" allows the
+ * members of pkg.enums's classes), a dotted name not from getattr (a
+ * protocol 4 qualified name: GLOBAL cannot spell it), a persistent id (a
+ * tensor or storage), NEWOBJ_EX keyword arguments, nesting past
+ * RS_PW_COPY_MAX_DEPTH or more than RS_PW_COPY_MAX_VALUES values (-E2BIG).
+ * Writer errors (-ENOMEM) are returned too. */
 int rs_pw_value(rs_pwriter *w, const rs_pvalue *v, const char *const *allow,
-		char *err, size_t errlen);
+		const rs_pw_member *members, char *err, size_t errlen);
 
 /* Appends STOP and hands the buffer to the caller (free() it).  Returns
  * 0, or the first error: -EINVAL for unbalanced use, -ENOMEM, -E2BIG for a

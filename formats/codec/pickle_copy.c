@@ -13,10 +13,12 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef struct {
 	rs_pwriter *w;
 	const char *const *allow;
+	const rs_pw_member *members;
 	uint64_t written;
 	char *err;
 	size_t errlen;
@@ -98,6 +100,39 @@ static int copy_call(copier *c, const rs_pvalue *v, unsigned depth)
 	return err;
 }
 
+/* getattr(cls, name): as cls(value) when the member's value is known -
+ * what Python 3.11.5+ write and weights_only loaders can rebuild - else
+ * as the getattr it was read from. */
+static int copy_member(copier *c, const rs_pvalue *v)
+{
+	const char *mod = rs_pv_global_module(v), *name = rs_pv_global_name(v);
+	const char *attr = rs_pv_global_attr(v);
+	size_t mlen = strlen(mod), clen = (size_t)(attr - name) - 1;
+	char cls[256];
+
+	if (memchr(name, '.', clen) || clen >= sizeof(cls))
+		return refuse(c, -EINVAL, "GLOBAL %s.%s: a qualified name cannot be written under protocol 2",
+			      mod, name);
+	memcpy(cls, name, clen);
+	cls[clen] = 0;
+	for (const rs_pw_member *m = c->members; m && m->cls; m++)
+		if (strncmp(m->cls, mod, mlen) == 0 && m->cls[mlen] == '.' &&
+		    strcmp(m->cls + mlen + 1, cls) == 0 &&
+		    strcmp(m->name, attr) == 0) {
+			rs_pw_global(c->w, mod, cls);
+			rs_pw_int(c->w, m->value);
+			rs_pw_tuple_n(c->w, 1);
+			rs_pw_reduce(c->w);
+			return 0;
+		}
+	rs_pw_global(c->w, "builtins", "getattr");
+	rs_pw_global(c->w, mod, cls);
+	rs_pw_cstr(c->w, attr);
+	rs_pw_tuple_n(c->w, 2);
+	rs_pw_reduce(c->w);
+	return 0;
+}
+
 static int copy(copier *c, const rs_pvalue *v, unsigned depth)
 {
 	const char *mod, *name;
@@ -174,7 +209,13 @@ static int copy(copier *c, const rs_pvalue *v, unsigned depth)
 		if (!rs_pickle_allowed(c->allow, mod, name))
 			return refuse(c, -EINVAL, "GLOBAL %s.%s is not allowed",
 				      mod, name);
-		rs_pw_global(c->w, mod, name);
+		if (rs_pv_global_attr(v))
+			err = copy_member(c, v);
+		else if (strchr(name, '.'))
+			return refuse(c, -EINVAL, "GLOBAL %s.%s: a qualified name cannot be written under protocol 2",
+				      mod, name);
+		else
+			rs_pw_global(c->w, mod, name);
 		break;
 	case RS_PV_REDUCE:
 	case RS_PV_OBJECT:
@@ -192,9 +233,10 @@ static int copy(copier *c, const rs_pvalue *v, unsigned depth)
 }
 
 int rs_pw_value(rs_pwriter *w, const rs_pvalue *v, const char *const *allow,
-		char *err, size_t errlen)
+		const rs_pw_member *members, char *err, size_t errlen)
 {
-	copier c = { .w = w, .allow = allow, .err = err, .errlen = errlen };
+	copier c = { .w = w, .allow = allow, .members = members, .err = err,
+		     .errlen = errlen };
 
 	if (err && errlen)
 		err[0] = 0;

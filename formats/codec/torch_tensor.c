@@ -13,10 +13,31 @@ rs_dtype rs_torch_dtype(const rs_pvalue *g, bool storage)
 	return rs_dtype_from_torch(name, storage);
 }
 
-int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
-			 rs_torch_tensor *t, const char **why)
+/* A REDUCE of a function torch.save names for a tensor: torch._utils's
+ * _rebuild_* (dense, parameter, quantized, sparse, meta, nested, ...) or
+ * torch._tensor._rebuild_from_type_v2. */
+bool rs_torch_is_tensor(const rs_pvalue *v)
 {
-	const rs_pvalue *args, *pid, *storage;
+	const rs_pvalue *f = rs_pv_func(v);
+	const char *mod = rs_pv_global_module(f), *name = rs_pv_global_name(f);
+
+	if (rs_pv_kind(v) != RS_PV_REDUCE || !mod || rs_pv_global_attr(f))
+		return false;
+	return (strcmp(mod, "torch._utils") == 0 &&
+		strncmp(name, "_rebuild_", 9) == 0) ||
+	       rs_pv_global_is(f, "torch._tensor._rebuild_from_type_v2");
+}
+
+/* The dense rebuild `func` (a GLOBAL) over `args`: _rebuild_tensor
+ * (torch before 1.0: storage, offset, size, stride), _rebuild_tensor_v2
+ * (... requires_grad, hooks[, metadata]) over a typed storage, or
+ * _rebuild_tensor_v3 (... hooks, dtype[, metadata]) over an
+ * UntypedStorage.  0, or 1 when func is none of them. */
+static int read_dense(const rs_zip *z, const rs_pvalue *func,
+		      const rs_pvalue *args, rs_torch_tensor *t,
+		      const char **why)
+{
+	const rs_pvalue *pid, *storage;
 	const rs_zip_entry *data;
 	uint64_t soff, numel, bytes, last, esize;
 	const char *key;
@@ -25,20 +46,17 @@ int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
 	int n2 = 0;
 	bool v3, untyped;
 
-	memset(t, 0, sizeof(*t));
-	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
-	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
-		v = rs_pv_item(rs_pv_args(v), 0);
-	args = rs_pv_args(v);
+	v3 = rs_pv_global_is(func, "torch._utils._rebuild_tensor_v3");
+	if (!v3 && !rs_pv_global_is(func, "torch._utils._rebuild_tensor_v2") &&
+	    !rs_pv_global_is(func, "torch._utils._rebuild_tensor"))
+		return 1;
 	pid = rs_pv_persid(rs_pv_item(args, 0));
 	storage = rs_pv_item(pid, 1);
 	key = rs_pv_str(rs_pv_item(pid, 2), &klen);
 	if (key && strlen(key) != klen)
 		key = NULL;     /* a NUL inside would name another record */
-	v3 = rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
 	*why = "is not one torch tensor";
-	if (!(v3 || rs_pv_call_is(v, "torch._utils._rebuild_tensor_v2")) ||
-	    !rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
+	if (!rs_pv_str_is(rs_pv_item(pid, 0), "storage") || !key ||
 	    strlen(key) > 40 || !rs_pv_u64(rs_pv_item(pid, 4), &numel) ||
 	    !rs_pv_u64(rs_pv_item(args, 1), &soff) ||
 	    !rs_pv_dims(rs_pv_item(args, 2), t->shape, &t->ndim, RS_MAX_DIMS) ||
@@ -90,6 +108,64 @@ int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
 	t->offset = data->offset + (t->empty ? 0 : soff * esize);
 	*why = NULL;
 	return 0;
+}
+
+int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
+			 rs_torch_tensor *t, char *why, size_t whylen)
+{
+	const rs_pvalue *func = rs_pv_func(v), *args = rs_pv_args(v);
+	const char *phrase = "is not one torch tensor";
+	int err;
+
+	memset(t, 0, sizeof(*t));
+	if (rs_pv_kind(v) != RS_PV_REDUCE)
+		goto refuse;
+	/* nn.Parameter: _rebuild_parameter(tensor, requires_grad, hooks),
+	 * _with_state adding the Parameter's __dict__ and slots. */
+	if (rs_pv_global_is(func, "torch._utils._rebuild_parameter") ||
+	    rs_pv_global_is(func, "torch._utils._rebuild_parameter_with_state")) {
+		v = rs_pv_item(args, 0);
+		if (rs_pv_kind(v) != RS_PV_REDUCE)
+			goto refuse;
+		func = rs_pv_func(v);
+		args = rs_pv_args(v);
+	}
+	/* A tensor with Python attributes, or of a subclass:
+	 * _rebuild_from_type_v2(func, type, args, state).  Read when the
+	 * type is Tensor itself (the attributes are not data); a subclass
+	 * may mean anything by its storage. */
+	if (rs_pv_global_is(func, "torch._tensor._rebuild_from_type_v2")) {
+		const rs_pvalue *type = rs_pv_item(args, 1);
+
+		if (!rs_pv_global_is(type, "torch.Tensor") &&
+		    !rs_pv_global_is(type, "torch._tensor.Tensor")) {
+			snprintf(why, whylen, "is a tensor subclass (%s.%s), which reshardfs does not read",
+				 rs_pv_global_module(type) ? rs_pv_global_module(type) : "?",
+				 rs_pv_global_name(type) ? rs_pv_global_name(type) : "?");
+			return -EINVAL;
+		}
+		func = rs_pv_item(args, 0);
+		args = rs_pv_item(args, 2);
+	}
+	err = read_dense(z, func, args, t, &phrase);
+	if (err <= 0) {
+		if (err)
+			snprintf(why, whylen, "%s", phrase);
+		return err;
+	}
+	/* Quantized, sparse, meta, nested, wrapper-subclass and device
+	 * tensors: no dense storage of one dtype to serve. */
+	if (rs_pv_global_module(func) && rs_pv_global_name(func) &&
+	    (rs_pv_global_is(func, "torch._tensor._rebuild_from_type_v2") ||
+	     (strcmp(rs_pv_global_module(func), "torch._utils") == 0 &&
+	      strncmp(rs_pv_global_name(func), "_rebuild_", 9) == 0))) {
+		snprintf(why, whylen, "is a tensor rebuilt by %s.%s, which reshardfs does not read (only dense tensors over a storage)",
+			 rs_pv_global_module(func), rs_pv_global_name(func));
+		return -EINVAL;
+	}
+refuse:
+	snprintf(why, whylen, "%s", phrase);
+	return -EINVAL;
 }
 
 void rs_pw_torch_tensor(rs_pwriter *w, rs_dtype dtype, const uint64_t *shape,

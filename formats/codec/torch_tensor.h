@@ -4,9 +4,13 @@
  * torch.save pickles a tensor as _rebuild_tensor_v2(storage, offset, size,
  * stride, ...) over a typed storage (FloatStorage, ...), or, for dtypes
  * without one (fp8), _rebuild_tensor_v3(..., dtype) over an UntypedStorage
- * that counts bytes; an nn.Parameter wraps either in _rebuild_parameter.
- * The storage is a persistent id ('storage', class, key, location, numel)
- * whose bytes are the zip record data/<key>.
+ * that counts bytes; torch before 1.0 wrote _rebuild_tensor(storage,
+ * offset, size, stride).  An nn.Parameter wraps one in _rebuild_parameter
+ * or _rebuild_parameter_with_state; a tensor with Python attributes in
+ * torch._tensor._rebuild_from_type_v2(func, torch.Tensor, args, state)
+ * (both read as the tensor inside).  The storage is a persistent id
+ * ('storage', class, key, location, numel) whose bytes are the zip record
+ * data/<key>.
  *
  * rs_torch_tensor_read checks everything against the zip: the storage
  * record exists, holds numel elements, and every element the sizes and
@@ -14,14 +18,20 @@
  * storage may be empty), and the strides reach at least as many elements
  * as the tensor has (no 0 stride: an expanded view would make a small file
  * show a huge one).  Sizes are overflow-checked.  Returns 0, or -EINVAL
- * with *why a fixed phrase for the caller's line:
- *   "is not one torch tensor", "has a dtype reshardfs does not know",
- *   "has elements outside their storage", "repeats stored elements ...".
+ * with a phrase in why for the caller's line ("<file>: <name> <why>"):
+ * "is not one torch tensor", "has a dtype reshardfs does not know", "has
+ * elements outside their storage", "repeats stored elements ...", "is a
+ * tensor subclass (<class>), which reshardfs does not read", or, for
+ * every other rebuild function (quantized, sparse, meta, nested,
+ * wrapper-subclass, device tensors), "is a tensor rebuilt by
+ * torch._utils.<function>, which reshardfs does not read (only dense
+ * tensors over a storage)".
  */
 #ifndef RS_TORCH_TENSOR_H
 #define RS_TORCH_TENSOR_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "formats/codec/pickle.h"
@@ -43,8 +53,13 @@ typedef struct {
  * `storage` a typed storage class (torch.FloatStorage); INVALID else. */
 rs_dtype rs_torch_dtype(const rs_pvalue *g, bool storage);
 
+/* A call of any of torch's tensor rebuild functions (torch._utils's
+ * _rebuild_*, torch._tensor._rebuild_from_type_v2), read or not: what a
+ * model walk takes for a tensor rather than a container. */
+bool rs_torch_is_tensor(const rs_pvalue *v);
+
 int rs_torch_tensor_read(const rs_zip *z, const rs_pvalue *v,
-			 rs_torch_tensor *t, const char **why);
+			 rs_torch_tensor *t, char *why, size_t whylen);
 
 /* Writes, as torch.save does, a dense C-order tensor of `shape` over the
  * storage data/<key> (the caller writes that record): _rebuild_tensor_v2

@@ -46,7 +46,9 @@
  * Errors: functions return 0 or a negative errno.  rs_zip_open reports a
  * malformed zip as -EINVAL with one line in `msg`, "zip: <what> (offset N)",
  * N relative to the zip's first byte; a failed pread gives its -errno and
- * a line too.  The caller prefixes the file name.
+ * a line too.  A file in torch.save's legacy (pre-1.6, non-zip) format is
+ * -EINVAL with a line saying so and how to re-save it as a zip.  The
+ * caller prefixes the file name.
  * Ownership: an rs_zip or rs_zip_layout owns everything it points to,
  * until its free function (safe on a zeroed or failed struct).
  */
@@ -62,7 +64,7 @@
 #define RS_ZIP_MAX_NAME 1024u
 #define RS_ZIP_MAX_CD_BYTES (256u << 20)
 /* Room for any message rs_zip_open writes. */
-#define RS_ZIP_MSG_SIZE 160
+#define RS_ZIP_MSG_SIZE 320
 
 /* torch's default alignment of entry data (storage_alignment). */
 #define RS_ZIP_ALIGNMENT 64u

@@ -535,6 +535,26 @@ static int check_byteorder(src *s, const rs_zip *z)
 		    text);
 }
 
+/* torch.save's pre-1.6 format (still written with
+ * _use_new_zipfile_serialization=False) is a run of pickles, the first
+ * the magic number 0x1950a86a20f9469cfc6c: LONG1 of these bytes, after
+ * PROTO (and a FRAME under protocol 4 and 5). */
+static bool legacy_torch_save(src *s)
+{
+	static const uint8_t magic[] = { 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+					 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19 };
+	uint8_t head[24];
+	size_t n = s->len < sizeof(head) ? (size_t)s->len : sizeof(head);
+
+	if (n < sizeof(magic) ||
+	    rs_pread_full(s->fd, head, n, s->base) != 0)
+		return false;
+	for (size_t i = 0; i + sizeof(magic) <= n; i++)
+		if (memcmp(head + i, magic, sizeof(magic)) == 0)
+			return true;
+	return false;
+}
+
 int rs_zip_open(rs_zip *z, int fd, uint64_t base, uint64_t len, char *msg,
 		size_t msg_size)
 {
@@ -550,6 +570,11 @@ int rs_zip_open(rs_zip *z, int fd, uint64_t base, uint64_t len, char *msg,
 	if (base > INT64_MAX || len > (uint64_t)INT64_MAX - base)
 		return fail(&s, -EINVAL, 0, "range past the largest file offset");
 	err = read_end(&s, &e);
+	if (err == -EINVAL && legacy_torch_save(&s)) {
+		if (msg_size)
+			snprintf(msg, msg_size, "a torch.save file in the legacy format (torch < 1.6, or _use_new_zipfile_serialization=False), which reshardfs does not read; re-save it: python -c \"import torch; torch.save(torch.load('F', weights_only=False), 'F2')\"");
+		goto out;
+	}
 	if (err)
 		goto out;
 	cd = malloc(e.cd_size ? (size_t)e.cd_size : 1);

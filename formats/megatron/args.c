@@ -15,16 +15,6 @@
 /* Far beyond real models; bounds what args may make the reader allocate. */
 #define RS_MEGATRON_MAX_LAYERS (1u << 16)
 
-bool rs_meg_is_tensor(const rs_pvalue *v)
-{
-	/* nn.Parameter: _rebuild_parameter(tensor, requires_grad, hooks) */
-	if (rs_pv_call_is(v, "torch._utils._rebuild_parameter") ||
-	    rs_pv_call_is(v, "torch._utils._rebuild_parameter_with_state"))
-		v = rs_pv_item(rs_pv_args(v), 0);
-	return rs_pv_call_is(v, "torch._utils._rebuild_tensor_v2") ||
-	       rs_pv_call_is(v, "torch._utils._rebuild_tensor_v3");
-}
-
 bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
 {
 	if (rs_pv_kind(v) == RS_PV_DICT) {

@@ -64,6 +64,11 @@
  * the GLOBALs args hold (the Namespace, torch dtypes, Megatron enums,
  * PosixPath, SimpleNamespace, set): a source naming any other callable
  * there is refused rather than handed to a weights_only=False loader.
+ * Enum members pickled as getattr(cls, name) (Python 3.11.0-3.11.4) are
+ * written as cls(value), as newer Pythons write them, for the enums of
+ * megatron-core's safe globals (ModelType, AttnBackend: their 0.15.3
+ * values), so weights_only=True loads the view; other members keep the
+ * getattr form.
  * args come from TP rank 0 of stage 0 (its rank/local_rank fields too).
  * Models nest as in the source, in Megatron's order, layers numbered per
  * chunk, embeddings in the first chunk, final norm and output layer in

@@ -74,10 +74,7 @@ typedef struct {
 	size_t cap_tensors, cap_filled;
 } rs_meg_reader;
 
-/* args.c.  A torch.save tensor (_rebuild_tensor_v2/v3, perhaps in
- * _rebuild_parameter), read with rs_torch_tensor_read. */
-bool rs_meg_is_tensor(const rs_pvalue *v);
-/* A dict, or an OrderedDict (*pairs its items: NULL when empty). */
+/* args.c.  A dict, or an OrderedDict (*pairs its items: NULL when empty). */
 bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
 /* The first rank file's args (r->st->top set): fills st->args, layers,
  * vpp, tied and r->lpc, r->gated; refuses (reported, -EINVAL) what the

@@ -300,8 +300,8 @@ static int leaf(walker *w, const rs_pvalue *v)
 	rs_meg_reader *r = w->r;
 	uint32_t P = r->st->pp, V = r->st->vpp;
 	uint64_t n = 0, layer = 0;
-	const char *rest = NULL, *why = NULL;
-	char name[1024];
+	const char *rest = NULL;
+	char name[1024], why[200];
 	rs_meg_place place = RS_MEG_LAST;
 	bool first = w->p == 0 && w->c == 0;
 	bool last = w->p == P - 1 && w->c == V - 1;
@@ -330,7 +330,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 			    w->path, sizeof(name) - 1);
 		return -EINVAL;
 	}
-	if (rs_torch_tensor_read(w->z, v, &tt, &why)) {
+	if (rs_torch_tensor_read(w->z, v, &tt, why, sizeof(why))) {
 		rs_diag_add(r->d, "%s: %s %s", w->path, name, why);
 		return -EINVAL;
 	}
@@ -392,7 +392,7 @@ static int walk(walker *w, const rs_pvalue *pairs)
 			return -EINVAL;
 		}
 		w->keys[w->nkeys++] = k;
-		if (rs_meg_is_tensor(v))
+		if (rs_torch_is_tensor(v))
 			err = leaf(w, v);
 		else if (rs_meg_dict_like(v, &sub))
 			err = walk(w, sub);

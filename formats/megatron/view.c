@@ -35,6 +35,22 @@ static const char *const copy_allow[] = {
 	NULL,
 };
 
+/* Values of the enum members args hold that torch's weights_only loader
+ * can rebuild (megatron-core's safe globals), as megatron-core 0.15.3
+ * defines them: a getattr(cls, name) from Python 3.11.0-3.11.4 is written
+ * as cls(value), as later Pythons write it (docs/FORMATS.md, "torch.save"). */
+static const rs_pw_member members[] = {
+	{ "megatron.core.enums.ModelType", "encoder_or_decoder", 1 },
+	{ "megatron.core.enums.ModelType", "retro_encoder", 2 },
+	{ "megatron.core.enums.ModelType", "retro_decoder", 3 },
+	{ "megatron.core.transformer.enums.AttnBackend", "flash", 1 },
+	{ "megatron.core.transformer.enums.AttnBackend", "fused", 2 },
+	{ "megatron.core.transformer.enums.AttnBackend", "unfused", 3 },
+	{ "megatron.core.transformer.enums.AttnBackend", "local", 4 },
+	{ "megatron.core.transformer.enums.AttnBackend", "auto", 5 },
+	{ NULL, NULL, 0 },
+};
+
 /* One tensor of a rank file. */
 typedef struct {
 	size_t tensor;          /* catalog index */
@@ -286,10 +302,11 @@ static int pw_args(builder *b, rs_pwriter *w)
 	char why[200];
 	int err;
 
-	err = rs_pw_value(w, rs_pv_func(args), copy_allow, why, sizeof(why));
+	err = rs_pw_value(w, rs_pv_func(args), copy_allow, members, why,
+			  sizeof(why));
 	if (!err)
-		err = rs_pw_value(w, rs_pv_args(args), copy_allow, why,
-				  sizeof(why));
+		err = rs_pw_value(w, rs_pv_args(args), copy_allow, members,
+				  why, sizeof(why));
 	if (err) {
 		rs_diag_add(b->d, "%s: args: %s", b->st->first_path, why);
 		return -EINVAL;
@@ -303,10 +320,10 @@ static int pw_args(builder *b, rs_pwriter *w)
 		const rs_pvalue *k = rs_pv_key(state, i);
 		const char *key = rs_pv_str(k, NULL);
 
-		err = rs_pw_value(w, k, copy_allow, why, sizeof(why));
+		err = rs_pw_value(w, k, copy_allow, members, why, sizeof(why));
 		if (!err && !(key && pw_new_arg(b, w, key)))
 			err = rs_pw_value(w, rs_pv_val(state, i), copy_allow,
-					  why, sizeof(why));
+					  members, why, sizeof(why));
 		if (err) {
 			rs_diag_add(b->d, "%s: args.%s: %s", b->st->first_path,
 				    key ? key : "?", why);
@@ -358,7 +375,7 @@ static int data_pkl(builder *b, uint8_t **out, size_t *len)
 			   strcmp(key, "num_floating_point_operations_so_far") == 0) {
 			rs_pw_cstr(&w, key);
 			if (rs_pw_value(&w, rs_pv_val(top, i), copy_allow,
-					why, sizeof(why))) {
+					members, why, sizeof(why))) {
 				rs_diag_add(b->d, "%s: %s: %s", b->st->first_path,
 					    key, why);
 				err = -EINVAL;

@@ -198,9 +198,9 @@ static int read_tensor(const rs_zip *z, const rs_pvalue *v, const char *where,
 		       const char *key, ms_tensor *t, rs_diag *d)
 {
 	rs_torch_tensor tt;
-	const char *why;
+	char why[200];
 
-	if (rs_torch_tensor_read(z, v, &tt, &why) != 0) {
+	if (rs_torch_tensor_read(z, v, &tt, why, sizeof(why)) != 0) {
 		rs_diag_add(d, "%s: model[\"%s\"] %s", where, key, why);
 		return -EINVAL;
 	}

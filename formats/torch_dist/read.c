@@ -218,7 +218,7 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	rs_pickle *pk = NULL;
 	rs_zip z = { 0 };
 	uint8_t *buf = NULL;
-	const char *why;
+	char why[200];
 	uint32_t src;
 	int fd, err;
 
@@ -253,7 +253,8 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 		rs_diag_add(r->d, "%s: data.pkl: %s", where, perr);
 		goto fail;
 	}
-	if (rs_torch_tensor_read(&z, rs_pickle_root(pk), &tt, &why) != 0) {
+	if (rs_torch_tensor_read(&z, rs_pickle_root(pk), &tt, why,
+				 sizeof(why)) != 0) {
 		rs_diag_add(r->d, "%s: data.pkl %s", where, why);
 		goto fail;
 	}

@@ -1032,6 +1032,64 @@ def _(d, ctx):
     (d / ".metadata").write_bytes(b"\x80\x04h\x07.")
 
 
+GETATTR = ("builtins", "getattr")
+
+
+@td_case("td_pickle_getattr_dunder", ".metadata: getattr(torch.Size, "
+         "'__class__') in planner_data (Python 3.11.0-3.11.4 pickle Enum "
+         "members as getattr; only public names are read)",
+         one(".metadata", "offset ", "getattr(torch.Size, '__class__') is "
+             "not read: the name must be an identifier not starting with '_'"))
+def _(md, d, ctx):
+    md.planner_data = edit.call(*GETATTR, edit.G("torch", "Size"), "__class__")
+
+
+@td_case("td_pickle_getattr_value", ".metadata: builtins.getattr itself "
+         "as planner_data", one(".metadata", "builtins.getattr used as a "
+                                "value: it is only read as getattr(class, 'name')"))
+def _(md, d, ctx):
+    md.planner_data = edit.G(*GETATTR)
+
+
+@td_case("td_pickle_getattr_default", ".metadata: getattr with a default",
+         one(".metadata", "builtins.getattr with a default (3 arguments) "
+             "is not read"))
+def _(md, d, ctx):
+    md.planner_data = edit.call(*GETATTR, edit.G("torch", "Size"), "x", None)
+
+
+@td_case("td_pickle_getattr_nested", ".metadata: getattr of a getattr "
+         "result", one(".metadata", "getattr on a getattr result "
+                       "(torch.Size.mro) is not read"))
+def _(md, d, ctx):
+    md.planner_data = edit.call(*GETATTR, edit.call(
+        *GETATTR, edit.G("torch", "Size"), "mro"), "__globals__")
+
+
+@td_case("td_pickle_getattr_off_list", ".metadata: getattr on a class "
+         "off the allowlist", one(".metadata", "GLOBAL posix.system is not "
+                                  "allowed"))
+def _(md, d, ctx):
+    md.planner_data = edit.call(*GETATTR, edit.G("posix", "system"), "x")
+
+
+@td_raw("td_pickle_next_buffer", ".metadata: protocol 5's NEXT_BUFFER "
+        "(an out-of-band buffer)",
+        one(".metadata", "offset 2: NEXT_BUFFER: out-of-band buffers "
+            "(pickle protocol 5) cannot be read from a file"))
+def _(d, ctx):
+    (d / ".metadata").write_bytes(b"\x80\x05\x97.")
+
+
+@td_raw("td_datapkl_qtensor", "a chunk's data.pkl rebuilds a quantized "
+        "tensor", one("__0_0.distcp", NORM, "data.pkl is a tensor rebuilt "
+                      "by torch._utils._rebuild_qtensor, which reshardfs "
+                      "does not read"))
+def _(d, ctx):
+    _edit_datapkl(d, NORM, lambda p: edit.call(
+        "torch._utils", "_rebuild_qtensor", *p.args))
+
+
 @td_raw("td_datapkl_os_system", "a chunk's data.pkl calls os.system "
         "instead of _rebuild_tensor_v2",
         one("__0_0.distcp", NORM, "data.pkl", "os.system", "not allowed"))

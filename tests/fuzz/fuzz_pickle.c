@@ -6,8 +6,10 @@
  * reached too.  A parse either fails with a "offset N: " line or gives a
  * value graph, which is walked with the public accessors, each node once
  * (values are shared and may form cycles), checking what the header
- * promises: every GLOBAL passed the allowlist, no container, string or
- * long is over its limit, strings are NUL-terminated, and every accessor
+ * promises: every GLOBAL passed the allowlist (a getattr result: its
+ * class did, and its attribute is a public identifier), no container,
+ * string or long is over its limit, strings are NUL-terminated, and every
+ * accessor
  * answers NULL/0/-EINVAL for the wrong kind instead of crashing.
  */
 #include <errno.h>
@@ -153,14 +155,33 @@ static void check_node(walker *w, const rs_pvalue *v)
 		const char *mod = rs_pv_global_module(v);
 		const char *name = rs_pv_global_name(v);
 
+		const char *attr = rs_pv_global_attr(v);
+
 		RS_FUZZ_CHECK(mod && name);
 		touch(w, mod, strlen(mod));
 		touch(w, name, strlen(name));
-		/* Nothing outside the allowlist ever gets this far. */
-		RS_FUZZ_CHECK(rs_pickle_allowed(w->lim->allow, mod, name));
+		if (attr) {
+			/* getattr(cls, attr): cls allowed, attr a public
+			 * identifier ending the name. */
+			size_t clen = (size_t)(attr - name);
+			char *cls = strndup(name, clen ? clen - 1 : 0);
+
+			RS_FUZZ_CHECK(cls && clen > 1 && name[clen - 1] == '.');
+			RS_FUZZ_CHECK(rs_pickle_allowed(w->lim->allow, mod, cls));
+			RS_FUZZ_CHECK(attr[0] && attr[0] != '_' &&
+				      !(attr[0] >= '0' && attr[0] <= '9'));
+			RS_FUZZ_CHECK(strspn(attr, "abcdefghijklmnopqrstuvwxyz"
+					     "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+					     "0123456789_") == strlen(attr));
+			free(cls);
+		} else {
+			/* Nothing outside the allowlist ever gets this far. */
+			RS_FUZZ_CHECK(rs_pickle_allowed(w->lim->allow, mod, name));
+		}
 		(void)rs_pv_global_is(v, "torch._utils._rebuild_tensor_v2");
 	} else {
-		RS_FUZZ_CHECK(!rs_pv_global_module(v) && !rs_pv_global_name(v));
+		RS_FUZZ_CHECK(!rs_pv_global_module(v) && !rs_pv_global_name(v) &&
+			      !rs_pv_global_attr(v));
 		RS_FUZZ_CHECK(!rs_pv_global_is(v, "torch.Size"));
 	}
 

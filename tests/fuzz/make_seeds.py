@@ -139,6 +139,39 @@ def zip_and_pickle_seeds(tmp):
                   pickle.dumps(v, protocol=proto))
 
 
+def form_seeds():
+    """The construction forms (formats/codec/pickle.h): getattr as Python
+    3.11.0-3.11.4 write Enum members (spelled out: the Python running this
+    may be newer), copyreg reconstructors (protocol 1), protocol 5's
+    BYTEARRAY8, and torch.save data.pkl under protocols 1 and 5."""
+    write("pickle", "getattr_p2.pkl",
+          b"\x80\x02]q\x00(c__builtin__\ngetattr\nq\x01"
+          b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\nq\x02"
+          b"X\x17\x00\x00\x00TORCH_CONTIGUOUS_FORMATq\x03\x86q\x04Rq\x05"
+          b"h\x01h\x02X\x0c\x00\x00\x00PRESERVE_FMTq\x06\x86q\x07Rq\x08e.")
+    write("pickle", "getattr_p4.pkl",
+          b"\x80\x04\x95\x47\x00\x00\x00\x00\x00\x00\x00]\x94(\x8c\x08"
+          b"builtins\x94\x8c\x07getattr\x94\x93\x94\x8c\x05torch\x94\x8c\x05"
+          b"dtype\x94\x93\x94\x8c\x03abc\x94\x86\x94R\x94h\x03h\x06\x8c\x04"
+          b"name\x94\x86\x94R\x94e.")
+    write("pickle", "copyreg_p1.pkl", pickle.dumps(
+        {"ns": argparse.Namespace(a=1, b=[2])}, protocol=1))
+    write("pickle", "newobj_p1.pkl",
+          b"ccopyreg\n__newobj__\n(ctorch\nSize\n(K\x01K\x02ttR"
+          b"ccopyreg\n__newobj_ex__\n(ctorch\nSize\n)}tR\x86.")
+    write("pickle", "bytearray_p5.pkl", pickle.dumps(
+        [bytearray(b"ab"), b"cd", {1}], protocol=5))
+    obj = {"w": torch.ones(2), "p": torch.nn.Parameter(torch.ones(1)),
+           "ns": argparse.Namespace(a=1), "buf": bytearray(b"x")}
+    for proto in (1, 5):
+        buf = io.BytesIO()
+        torch.save(obj, buf, pickle_protocol=proto)
+        write("pickle", f"torch_p{proto}.pkl", data_pkl(buf.getvalue()))
+    # a real one: Debian 12's Python 3.11.2 (tests/mount/data/py3112/)
+    write("pickle", "dcp_py3112.metadata",
+          (ROOT / "tests/mount/data/py3112/dcp/.metadata").read_bytes())
+
+
 def dcp_save(state):
     d = tempfile.mkdtemp()
     try:
@@ -225,6 +258,7 @@ def main():
     try:
         zarr_seeds(tmp)
         zip_and_pickle_seeds(tmp)
+        form_seeds()
         dcp_seeds()
         planner_seeds()
         if args.reshardfs:
