@@ -630,6 +630,7 @@ int rs_checkpoint_read_common(rs_checkpoint *ck)
 		goto out;
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_megatron_allow;
+	lim.torch_persids = true;
 	if (rs_pickle_parse(pkl, pe->size, &lim, &pk, perr, sizeof(perr)) != 0)
 		goto out;
 	args = rs_pv_get(rs_pickle_root(pk), "args");

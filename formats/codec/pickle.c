@@ -7,6 +7,7 @@
  * BUILD, append on a non-list) a value recording the call is built instead.
  */
 #include "formats/codec/pickle.h"
+#include "formats/codec/utf8.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -585,6 +586,19 @@ static int load_blob(struct parser *ps, int op, int width, bool is_signed,
 	return err ? err : push(ps, v);
 }
 
+/* A str as Python decodes it (UTF-8, surrogatepass): bytes it would not
+ * decode are refused, never read as a name it would not have. */
+static int load_unicode(struct parser *ps, int op, int width)
+{
+	int err = load_blob(ps, op, width, false, RS_PV_STR);
+	const rs_pvalue *v = err ? NULL : ps->stack[ps->sp - 1];
+
+	if (v && !rs_utf8_valid(v->u.s.p, v->u.s.n, true))
+		return fail(ps, -EINVAL, "%s: not UTF-8 (Python would not decode it)",
+			    opname(op));
+	return err;
+}
+
 static int push_int(struct parser *ps, int64_t i)
 {
 	rs_pvalue *v;
@@ -658,6 +672,45 @@ static int special_of(const struct parser *ps, const char *mod,
 	return SP_NONE;
 }
 
+static bool match(const char *pat, const char *mod, const char *name);
+
+/* An allowlist entry without a wildcard names module.name. */
+static bool allowed_exactly(const char *const *allow, const char *mod,
+			    const char *name)
+{
+	for (; allow && *allow; allow++) {
+		size_t n = strlen(*allow);
+
+		if (n && (*allow)[n - 1] != '*' && match(*allow, mod, name))
+			return true;
+	}
+	return false;
+}
+
+/* "a.b.c" where each part is an ASCII identifier (what Python's import
+ * system and attribute access take; module names of installed packages
+ * and class qualnames are these). */
+static bool dotted_identifiers(const uint8_t *s, size_t n)
+{
+	bool start = true;
+
+	for (size_t i = 0; i < n; i++) {
+		uint8_t c = s[i];
+
+		if (c == '.') {
+			if (start)
+				return false;
+			start = true;
+			continue;
+		}
+		if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (!start && c >= '0' && c <= '9')))
+			return false;
+		start = false;
+	}
+	return !start;
+}
+
 /* Builds the GLOBAL value, mapping Python 2 module names the way Python's
  * unpickler does (fix_imports) for protocols below 3. */
 static int push_global(struct parser *ps, const uint8_t *mod, size_t mlen,
@@ -672,6 +725,10 @@ static int push_global(struct parser *ps, const uint8_t *mod, size_t mlen,
 
 	if (!mlen || !nlen || memchr(mod, 0, mlen) || memchr(name, 0, nlen))
 		return fail(ps, -EINVAL, "GLOBAL: empty or NUL in name");
+	if (!dotted_identifiers(mod, mlen) || !dotted_identifiers(name, nlen))
+		return fail(ps, -EINVAL, "GLOBAL %.*s.%.*s: the module and name must be dotted identifiers",
+			    (int)(mlen > 80 ? 80 : mlen), (const char *)mod,
+			    (int)(nlen > 80 ? 80 : nlen), (const char *)name);
 	if (ps->proto < 3) {
 		for (size_t i = 0; i < sizeof(py2) / sizeof(py2[0]); i++) {
 			if (strlen(py2[i][0]) == mlen &&
@@ -695,6 +752,14 @@ static int push_global(struct parser *ps, const uint8_t *mod, size_t mlen,
 		v->taint = v;
 	else if (!rs_pickle_allowed(ps->lim->allow, v->u.g.module, v->u.g.name))
 		return fail(ps, -EINVAL, "GLOBAL %s.%s is not allowed",
+			    v->u.g.module, v->u.g.name);
+	/* Python resolves a dotted name (protocol 4's qualname) attribute by
+	 * attribute: under an allowed module, "x.y.eval" could reach any
+	 * object.  Only an entry naming it whole allows one, never a
+	 * wildcard.  (getattr(cls, 'member') is read apart: load_getattr.) */
+	else if (strchr(v->u.g.name, '.') &&
+		 !allowed_exactly(ps->lim->allow, v->u.g.module, v->u.g.name))
+		return fail(ps, -EINVAL, "GLOBAL %s.%s: a dotted name is allowed only by an entry that names it whole",
 			    v->u.g.module, v->u.g.name);
 	return push(ps, v);
 }
@@ -1101,11 +1166,11 @@ static int step(struct parser *ps, int op, bool *done)
 		return push(ps, v);
 	}
 	case OP_SHORT_BINUNICODE:
-		return load_blob(ps, op, 1, false, RS_PV_STR);
+		return load_unicode(ps, op, 1);
 	case OP_BINUNICODE:
-		return load_blob(ps, op, 4, false, RS_PV_STR);
+		return load_unicode(ps, op, 4);
 	case OP_BINUNICODE8:
-		return load_blob(ps, op, 8, false, RS_PV_STR);
+		return load_unicode(ps, op, 8);
 	case OP_SHORT_BINSTRING:
 		return load_blob(ps, op, 1, false, RS_PV_STR);
 	case OP_BINSTRING:
@@ -1193,8 +1258,14 @@ static int step(struct parser *ps, int op, bool *done)
 		return load_build(ps);
 	case OP_BINPERSID:
 		err = pop(ps, op, &w);
+		/* torch.load's persistent_load takes a tuple: anything else
+		 * makes it raise, so it is no storage here either. */
+		if (!err && ps->lim->torch_persids && w->kind != RS_PV_TUPLE)
+			return fail(ps, -EINVAL, "BINPERSID: a persistent id that is not a tuple (torch.load would raise)");
 		return err ? err : push_persid(ps, w);
 	case OP_PERSID:
+		if (ps->lim->torch_persids)
+			return fail(ps, -EINVAL, "PERSID: a text persistent id (torch.load would raise)");
 		err = take_line(ps, op, &p, &n);
 		if (!err)
 			err = new_blob(ps, RS_PV_STR, p, n, &w);

@@ -116,6 +116,10 @@ typedef struct rs_pickle_limits {
 	/* NULL-terminated "module.name" patterns; a trailing '*' matches any
 	 * rest ("torch.*").  NULL allows no GLOBAL at all. */
 	const char *const *allow;
+	/* A torch.save data.pkl: persistent ids must be tuples, as
+	 * torch.load's persistent_load reads them (it raises on a text PERSID
+	 * or any other value).  rs_pickle_limits_torch sets it. */
+	bool torch_persids;
 } rs_pickle_limits;
 
 /* 256 MiB input, 64 Mi opcodes, 1 GiB of values, 1 Mi stack, depth 1000

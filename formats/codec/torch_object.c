@@ -55,6 +55,7 @@ static uint8_t *unwrap(const uint8_t *p, size_t n, size_t *out_len)
 		? sizeof(head) : 3;
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
+	lim.torch_persids = true;
 	if (rs_pickle_parse(p, n, &lim, &pk, err, sizeof(err)) != 0)
 		return NULL;
 	one = rs_pv_kind(rs_pickle_root(pk)) == RS_PV_LIST &&

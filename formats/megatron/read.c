@@ -242,6 +242,7 @@ static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
 	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_megatron_allow;
+	lim.torch_persids = true;
 	err = rs_pickle_parse(buf, pkl->size, &lim, pk, perr, sizeof(perr));
 	free(buf);
 	if (err) {

@@ -323,6 +323,7 @@ static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = ms_pickle_allow;
+	lim.torch_persids = true;
 	err = rs_pickle_parse(buf, pkl->size, &lim, &pk, perr, sizeof(perr));
 	if (err) {
 		rs_diag_add(d, "%s: data.pkl: %s", where, perr);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "formats/codec/json_text.h"
+#include "formats/codec/utf8.h"
 #include "planner/array.h"
 #include "planner/names.h"
 
@@ -51,39 +52,6 @@ rs_dtype rs_safetensors_dtype_from_name(const char *s)
 		if (strcmp(st_dtypes[i].name, s) == 0)
 			return st_dtypes[i].dtype;
 	return RS_DTYPE_INVALID;
-}
-
-bool rs_utf8_is_valid(const char *str, size_t len)
-{
-	const unsigned char *s = (const unsigned char *)str;
-
-	for (size_t i = 0; i < len;) {
-		unsigned c = s[i];
-		unsigned lo = 0x80, hi = 0xBF;
-		size_t n;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		/* The second byte's range rules out overlong forms (E0, F0),
-		 * surrogates (ED) and code points past U+10FFFF (F4). */
-		if (c >= 0xC2 && c <= 0xDF)
-			n = 1;
-		else if (c >= 0xE0 && c <= 0xEF)
-			n = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-		else if (c >= 0xF0 && c <= 0xF4)
-			n = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-		else
-			return false;
-		if (len - i <= n || s[i + 1] < lo || s[i + 1] > hi)
-			return false;
-		for (size_t k = 2; k <= n; k++)
-			if ((s[i + k] & 0xC0) != 0x80)
-				return false;
-		i += n + 1;
-	}
-	return true;
 }
 
 /* One tensor entry of a header, before it joins the catalog. */
@@ -394,7 +362,7 @@ int rs_safetensors_read_header(rs_checkpoint *ck, uint32_t source,
 
 	if (err)
 		return err;
-	if (!rs_utf8_is_valid(text, len)) {
+	if (!rs_utf8_valid(text, len, false)) {
 		rs_diag_add(d, "%s: header is not valid UTF-8", where);
 		return -EINVAL;
 	}
@@ -566,7 +534,7 @@ static int read_index(reader *r, const char ***files, size_t *nfiles)
 		rs_diag_add(r->d, "%s: vanished while reading", where);
 	if (err)
 		return err == -ENOENT ? -EINVAL : err;
-	if (!rs_utf8_is_valid(text, len)) {
+	if (!rs_utf8_valid(text, len, false)) {
 		rs_diag_add(r->d, "%s: not valid UTF-8", where);
 		free(text);
 		return -EINVAL;

@@ -47,8 +47,4 @@ int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
 const char *rs_safetensors_dtype_name(rs_dtype t);
 rs_dtype rs_safetensors_dtype_from_name(const char *s);
 
-/* Whether s[0, len) is UTF-8 as Rust's str::from_utf8 accepts it (no
- * overlong forms, surrogates or code points past U+10FFFF). */
-bool rs_utf8_is_valid(const char *s, size_t len);
-
 #endif

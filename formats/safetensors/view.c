@@ -2,6 +2,7 @@
  * target TP rank (names and contents: formats/safetensors/safetensors.h). */
 #include "formats/safetensors/safetensors.h"
 #include "formats/safetensors/safetensors_int.h"
+#include "formats/codec/utf8.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -151,7 +152,7 @@ static int plan_members(builder *b)
 				    ten->name, rs_dtype_name(tg->dtype));
 			return -EINVAL;
 		}
-		if (!rs_utf8_is_valid(ten->name, strlen(ten->name))) {
+		if (!rs_utf8_valid(ten->name, strlen(ten->name), false)) {
 			rs_diag_add(b->d, "%s: tensor name \"%s\" is not valid UTF-8; a safetensors header cannot hold it",
 				    b->ck->dir_path, ten->name);
 			return -EINVAL;

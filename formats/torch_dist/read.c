@@ -248,6 +248,7 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
+	lim.torch_persids = true;
 	err = rs_pickle_parse(buf, pkl->size, &lim, &pk, perr, sizeof(perr));
 	if (err) {
 		rs_diag_add(r->d, "%s: data.pkl: %s", where, perr);

@@ -5,8 +5,9 @@ its torch_dist base is a copy of a torch_dist view of a zarr sample).  For
 each case (tests/bad/cases.py says what is wrong and what must happen):
 
 * Refused: the daemon exits 1 within the timeout, never mounts, and its
-  stderr is exactly the expected lines, each "reshardfs: <SOURCE>/...",
-  each holding its expected substrings.  No crash (a signal), no hang, no
+  stderr is a summary line ("reshardfs: <SOURCE>: refused: ... (N
+  problems below)") and then exactly the expected lines, each
+  "reshardfs: <SOURCE>/...", each holding its expected substrings.  No crash (a signal), no hang, no
   other output.
 * Mounts: the mount comes up; the files the case names give EIO; every
   other file reads exactly its expected bytes - the numpy oracle of the
@@ -77,6 +78,11 @@ def check_refused(case, src, rc, stderr):
     assert rc == 1, f"daemon exit status {rc} (expected 1)\n{stderr}"
     assert all(ln.startswith("reshardfs: ") for ln in lines), \
         f"output other than 'reshardfs:' lines:\n{stderr}"
+    # Every refusal leads with one summary line that counts the rest.
+    summary = lines.pop(0) if lines else ""
+    assert summary.startswith(f"reshardfs: {src}: refused: ") and \
+        summary.endswith(f"({len(lines)} problem{'' if len(lines) == 1 else 's'} below)"), \
+        f"no summary line counting the problems:\n{stderr}"
     assert len(lines) == len(want), \
         f"{len(lines)} lines, expected {len(want)}:\n{stderr}"
     assert all(str(src) in ln for ln in lines), \

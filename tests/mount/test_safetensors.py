@@ -532,7 +532,7 @@ BAD_FILES = {
     "negative_shape": ({"a": T(shape=(-4,))}, bytes(16), None,
                        ['"shape"[0] is not a non-negative integer']),
     "fractional_shape": ({"a": T(shape=(1.5,))}, bytes(16), None,
-                         ['"shape"[0] is not a non-negative integer']),
+                         ["(1.5) is not an integer literal"]),
     "nine_axes": ({"a": T(shape=(1,) * 9, offs=(0, 4))}, bytes(4), None,
                   ["has 9 axes; at most 8"]),
     "one_offset": ({"a": {"dtype": "F32", "shape": [4],

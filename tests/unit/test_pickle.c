@@ -669,12 +669,37 @@ static void test_getattr(void)
 	CHECK(int_of(rs_pv_item(rs_pv_args(v), 0)) == 0);
 	CHECK(rs_pv_global_attr(rs_pv_func(v)) == NULL);
 	rs_pickle_free(p);
-	/* A plain GLOBAL has no attr, even with a dotted name. */
+	/* A plain GLOBAL has no attr, even with a dotted name - which only
+	 * an entry naming it whole allows, never a wildcard. */
 	p = parse_with(LIT("\x80\x04\x8c\x08" "enum_mod\x8c\x09" "Color.red\x93."),
-		       (const char *const[]){ "enum_mod.*", NULL });
+		       (const char *const[]){ "enum_mod.Color.red", NULL });
 	CHECK(rs_pv_global_attr(rs_pickle_root(p)) == NULL);
 	CHECK(rs_pv_global_is(rs_pickle_root(p), "enum_mod.Color.red"));
 	rs_pickle_free(p);
+	{
+		static const char *const wild[] = { "enum_mod.*", NULL };
+		static const uint8_t dotted[] = "\x80\x04\x8c\x08" "enum_mod\x8c\x09" "Color.red\x93.";
+		static const uint8_t evil[] = "\x80\x04\x8c\x13" "megatron.core.enums\x8c\x0f" "enum.bltns.eval\x93.";
+		static const char *const meg[] = { "megatron.core.enums.*", NULL };
+		static const uint8_t badmod[] = "\x80\x04\x8c\x09" "torch/../\x8c\x01" "x\x93.";
+		static const char *const torch_all[] = { "torch*", NULL };
+		rs_pickle_limits lim;
+		char err[200];
+
+		rs_pickle_limits_default(&lim);
+		lim.allow = wild;
+		CHECK(rs_pickle_parse(dotted, sizeof(dotted) - 1, &lim, &p, err,
+				      sizeof(err)) == -EINVAL);
+		CHECK(strstr(err, "a dotted name is allowed only by an entry that names it whole") != NULL);
+		lim.allow = meg;
+		CHECK(rs_pickle_parse(evil, sizeof(evil) - 1, &lim, &p, err,
+				      sizeof(err)) == -EINVAL);
+		CHECK(strstr(err, "GLOBAL megatron.core.enums.enum.bltns.eval: a dotted name") != NULL);
+		lim.allow = torch_all;
+		CHECK(rs_pickle_parse(badmod, sizeof(badmod) - 1, &lim, &p, err,
+				      sizeof(err)) == -EINVAL);
+		CHECK(strstr(err, "must be dotted identifiers") != NULL);
+	}
 }
 
 /* GETATTR CLS opens getattr(enum_mod.Color, ...) under protocol 2. */
@@ -1132,6 +1157,43 @@ static void test_writer_misuse(void)
 	}
 }
 
+/* What Python and torch.load refuse to decode is refused: a str that is
+ * not UTF-8 (a lone surrogate's spelling is, under surrogatepass), and in
+ * a torch.save data.pkl a persistent id that is text or not a tuple. */
+static void test_decodes_as_python(void)
+{
+	static const uint8_t bad_utf8[] = "\x80\x02X\x02\x00\x00\x00\xc3\x28.";
+	static const uint8_t surrogate[] = "\x80\x02X\x03\x00\x00\x00\xed\xa0\x80.";
+	static const uint8_t text_pid[] = "\x80\x02Pabc\n.";
+	static const uint8_t int_pid[] = "\x80\x02K\x07Q.";
+	static const uint8_t tuple_pid[] = "\x80\x02X\x07\x00\x00\x00storageK\x01\x86Q.";
+	rs_pickle_limits lim;
+	rs_pickle *p = NULL;
+	char err[200];
+
+	rs_pickle_limits_default(&lim);
+	CHECK(rs_pickle_parse(bad_utf8, sizeof(bad_utf8) - 1, &lim, &p, err,
+			      sizeof(err)) == -EINVAL);
+	CHECK(strstr(err, "BINUNICODE: not UTF-8") != NULL);
+	CHECK(rs_pickle_parse(surrogate, sizeof(surrogate) - 1, &lim, &p, err,
+			      sizeof(err)) == 0);
+	rs_pickle_free(p);
+	/* any pickle: persistent ids are values */
+	CHECK(rs_pickle_parse(text_pid, sizeof(text_pid) - 1, &lim, &p, err,
+			      sizeof(err)) == 0);
+	rs_pickle_free(p);
+	lim.torch_persids = true;
+	CHECK(rs_pickle_parse(text_pid, sizeof(text_pid) - 1, &lim, &p, err,
+			      sizeof(err)) == -EINVAL);
+	CHECK(strstr(err, "PERSID: a text persistent id") != NULL);
+	CHECK(rs_pickle_parse(int_pid, sizeof(int_pid) - 1, &lim, &p, err,
+			      sizeof(err)) == -EINVAL);
+	CHECK(strstr(err, "not a tuple") != NULL);
+	CHECK(rs_pickle_parse(tuple_pid, sizeof(tuple_pid) - 1, &lim, &p, err,
+			      sizeof(err)) == 0);
+	rs_pickle_free(p);
+}
+
 int main(void)
 {
 	test_python();
@@ -1143,6 +1205,7 @@ int main(void)
 	test_forms_refused();
 	test_copyreg();
 	test_protocol5();
+	test_decodes_as_python();
 	test_writer_plain();
 	test_writer_torch();
 	test_writer_misuse();
