@@ -1,8 +1,11 @@
-# Removes every file that install_manifest.txt lists: what the last
-# `cmake --install` of this build wrote (run by the `uninstall` target of
-# CMakeLists.txt).  The manifest leaves DESTDIR out, so give the same
-# DESTDIR as to the install.  Directories stay: they may hold other files.
-#     [DESTDIR=...] cmake -DMANIFEST=build/install_manifest.txt -P cmake/uninstall.cmake
+# Removes every file that install_manifest.txt lists, what the last
+# `cmake --install` of this build wrote, then the directories that install
+# created (install_dirs.txt, written by CMakeLists.txt's first install
+# step) where they are empty; other directories stay.  Run by the
+# `uninstall` target.  The lists leave DESTDIR out: give the same DESTDIR
+# as to the install.
+#     [DESTDIR=...] cmake -DMANIFEST=build/install_manifest.txt \
+#         -DDIRS=build/install_dirs.txt -P cmake/uninstall.cmake
 if(NOT EXISTS "${MANIFEST}")
   message(FATAL_ERROR "uninstall: no ${MANIFEST}; nothing was installed from this build")
 endif()
@@ -19,3 +22,16 @@ foreach(listed IN LISTS files)
     message(STATUS "Not there: ${f}")
   endif()
 endforeach()
+if(DIRS AND EXISTS "${DIRS}")
+  file(READ "${DIRS}" dirs)
+  list(REVERSE dirs)              # deepest first
+  foreach(listed IN LISTS dirs)
+    set(d "$ENV{DESTDIR}${listed}")
+    file(GLOB left "${d}/*" "${d}/.*")
+    if(IS_DIRECTORY "${d}" AND NOT left)
+      message(STATUS "Removing directory ${d}")
+      file(REMOVE_RECURSE "${d}")   # empty: nothing else goes
+    endif()
+  endforeach()
+  file(REMOVE "${DIRS}")
+endif()
