@@ -1,5 +1,6 @@
 """The torch/megatron-core side of the tests: scripts run in .venv-mcore
-(it needs numpy<2 and torch), and the skip marker for when it is absent."""
+(it needs numpy<2 and torch), and the skip marker for when it is absent or
+its torch or megatron-core does not import."""
 import subprocess
 from pathlib import Path
 
@@ -8,11 +9,30 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 MCORE_PY = REPO / ".venv-mcore" / "bin" / "python"
 SCRIPT = REPO / "scripts" / "make_mcore_checkpoint.py"
+CHECK = REPO / "scripts" / "check_clients.py"
+SETUP = "scripts/setup installs torch and megatron-core there " \
+        "(unless RESHARDFS_NO_MCORE=1)"
 
-needs_mcore = pytest.mark.skipif(
-    not MCORE_PY.exists(),
-    reason=".venv-mcore missing: scripts/setup installs torch and "
-           "megatron-core (unless RESHARDFS_NO_MCORE=1)")
+
+def _missing():
+    """Why .venv-mcore cannot run the torch tests, or None."""
+    if not MCORE_PY.exists():
+        return f".venv-mcore missing: {SETUP}"
+    try:
+        r = subprocess.run([str(MCORE_PY), str(CHECK), "torch",
+                            "torch.distributed.checkpoint", "megatron.core",
+                            "safetensors"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f".venv-mcore/bin/python does not run ({e}): {SETUP}"
+    if r.returncode != 0:
+        return f".venv-mcore: {r.stdout.strip() or 'check failed'}: {SETUP}"
+    return None
+
+
+MISSING = _missing()
+needs_mcore = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
 def run_py(*args):
