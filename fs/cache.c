@@ -43,6 +43,9 @@ struct rs_cache {
 	rs_block *buckets[NBUCKETS];
 	block_list hot, cold;
 	uint64_t budget, bytes, hot_bytes;
+	uint64_t charged;       /* rs_cache_charge: counted in the budget */
+	rs_cache_reclaim reclaim;
+	void *reclaim_arg;
 	bool compress;
 	rs_cache_stats stats;
 	struct { uint8_t *data; uint64_t len; } spares[NSPARES];
@@ -209,15 +212,24 @@ static void make_room(rs_cache *c)
 			break;
 		pack(c, b);
 	}
-	while (c->bytes > c->budget) {
+	while (c->bytes + c->charged > c->budget) {
 		rs_block *b = c->cold.tail;
 
 		while (b && b->refs)
 			b = b->prev;
 		if (!b)
 			b = hot_victim(c);
-		if (!b)
-			break; /* everything left is in use */
+		if (!b) {
+			/* every block left is in use: charged bytes next */
+			uint64_t want = c->bytes + c->charged - c->budget;
+			uint64_t freed = c->reclaim && c->charged
+				? c->reclaim(c->reclaim_arg, want) : 0;
+
+			if (!freed)
+				break; /* everything left is in use */
+			c->charged -= freed < c->charged ? freed : c->charged;
+			continue;
+		}
 		c->stats.evictions++;
 		drop(c, b);
 	}
@@ -439,7 +451,7 @@ void rs_cache_release(rs_cache *c, rs_block *b)
 	pthread_mutex_lock(&c->lock);
 	if (--b->refs == 0 && !b->in_table) {
 		block_free(c, b);
-	} else if (b->refs == 0 && c->bytes > c->budget) {
+	} else if (b->refs == 0 && c->bytes + c->charged > c->budget) {
 		make_room(c);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -450,5 +462,40 @@ void rs_cache_get_stats(rs_cache *c, rs_cache_stats *s)
 	pthread_mutex_lock(&c->lock);
 	*s = c->stats;
 	s->bytes = c->bytes;
+	s->charged = c->charged;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void rs_cache_set_reclaim(rs_cache *c, rs_cache_reclaim fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->reclaim = fn;
+	c->reclaim_arg = arg;
+	pthread_mutex_unlock(&c->lock);
+}
+
+int rs_cache_charge(rs_cache *c, uint64_t bytes)
+{
+	int err = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (bytes > c->budget) {
+		err = -ENOSPC;
+	} else {
+		c->charged += bytes;
+		make_room(c);
+		if (c->bytes + c->charged > c->budget) {
+			c->charged -= bytes;   /* held by blocks and charges in use */
+			err = -ENOSPC;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return err;
+}
+
+void rs_cache_uncharge(rs_cache *c, uint64_t bytes)
+{
+	pthread_mutex_lock(&c->lock);
+	c->charged -= bytes < c->charged ? bytes : c->charged;
 	pthread_mutex_unlock(&c->lock);
 }
