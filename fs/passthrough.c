@@ -68,7 +68,8 @@ struct rs_passthrough {
 	pthread_mutex_t lock;
 	pthread_cond_t decided;
 	node_state *nodes;
-	uint64_t opens[RS_OPEN_KINDS];
+	uint64_t opens[RS_OPEN_KINDS];      /* opens served each way */
+	uint64_t open_now[RS_OPEN_KINDS];   /* of them, not yet released */
 	uint64_t fallbacks[FB_REASONS];
 };
 
@@ -381,6 +382,7 @@ void rs_passthrough_open(rs_passthrough *p, uint32_t node, rs_pt_open *o)
 			p->fallbacks[FB_JOINED]++;
 		}
 		p->opens[o->kind]++;
+		p->open_now[o->kind]++;
 		pthread_mutex_unlock(&p->lock);
 		return;
 	}
@@ -404,6 +406,7 @@ void rs_passthrough_open(rs_passthrough *p, uint32_t node, rs_pt_open *o)
 		p->fallbacks[why]++;
 	}
 	p->opens[o->kind]++;
+	p->open_now[o->kind]++;
 	pthread_cond_broadcast(&p->decided);
 	pthread_mutex_unlock(&p->lock);
 }
@@ -415,6 +418,7 @@ void rs_passthrough_close(rs_passthrough *p, uint32_t node, rs_pt_open *o)
 	int32_t id = 0;
 
 	pthread_mutex_lock(&p->lock);
+	p->open_now[o->kind]--;
 	if (st->opens && --st->opens == 0) {
 		if (st->mode == NODE_BACKED) {
 			id = st->backing_id;
@@ -441,7 +445,7 @@ void rs_passthrough_forget(rs_passthrough *p, uint32_t node)
 char *rs_passthrough_stats_json(rs_passthrough *p)
 {
 	rs_snapshot_stats ss = { 0 };
-	char opens[200], fb[400], why[200], *out = NULL;
+	char opens[200], now[200], fb[400], why[200], *out = NULL;
 	size_t at = 0;
 
 	if (p->snapshots)
@@ -452,6 +456,12 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 				       "%s\"%s\": %llu", k ? ", " : "",
 				       kind_names[k],
 				       (unsigned long long)p->opens[k]);
+	at = 0;
+	for (int k = 0; k < RS_OPEN_KINDS; k++)
+		at += (size_t)snprintf(now + at, sizeof(now) - at,
+				       "%s\"%s\": %llu", k ? ", " : "",
+				       kind_names[k],
+				       (unsigned long long)p->open_now[k]);
 	at = 0;
 	for (int r = 0; r < FB_REASONS; r++)
 		at += (size_t)snprintf(fb + at, sizeof(fb) - at,
@@ -469,11 +479,13 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     "    \"active\": %s,\n"
 		     "    \"inactive_because\": \"%s\",\n"
 		     "    \"opens\": {%s},\n"
+		     "    \"open_now\": {%s},\n"
 		     "    \"fallbacks\": {%s},\n"
 		     "    \"memfd\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu}\n"
 		     "  }",
 		     p->enabled ? "auto" : "off",
-		     atomic_load(&p->active) ? "true" : "false", why, opens, fb,
+		     atomic_load(&p->active) ? "true" : "false", why, opens, now,
+		     fb,
 		     (unsigned long long)ss.files, (unsigned long long)ss.bytes,
 		     (unsigned long long)ss.bytes_peak,
 		     (unsigned long long)ss.builds,
