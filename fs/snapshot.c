@@ -7,17 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/sendfile.h>
 #include <time.h>
 #include <unistd.h>
 
-/* Source bytes copied between one pair of checks: a check is one fstat,
- * so this only bounds how much work a change found at the end throws
- * away. */
-#define SOURCE_PIECE (64ull << 20)
-/* Block buffers kept for the next builds (a fresh 4 MiB buffer is a fresh
- * mapping, faulted and zeroed page by page). */
-#define NSPARES 2
+/* Block-sized buffers kept for the next builds (a fresh 4 MiB buffer is a
+ * fresh mapping, faulted and zeroed page by page); a build takes two. */
+#define NSPARES 4
 
 struct rs_snapshot {
 	uint32_t node;
@@ -147,6 +142,24 @@ void rs_snapshots_free(rs_snapshots *s)
 
 /* --- building --- */
 
+/* A file is built window by window: the bytes of one RS_BLOCK_SIZE-aligned
+ * window are assembled in a buffer and written with one pwrite (a write
+ * that covers only part of a new shmem page makes the kernel zero the
+ * rest of it first; whole windows never do).  A window holding nothing
+ * but zero segments is not written: a hole, no memory. */
+
+typedef struct {
+	rs_snapshots *s;
+	const rs_vnode *n;
+	int fd;
+	uint8_t *win;           /* the window's bytes */
+	uint64_t base, len;     /* the window: file bytes [base, base + len) */
+	bool written;           /* it holds bytes other than zero segments */
+	uint8_t *blk;           /* the last tensor block built, */
+	const rs_chunk *blk_chunk;   /* of this chunk, */
+	uint64_t blk_index;     /* this index */
+} builder;
+
 static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off)
 {
 	while (len) {
@@ -166,80 +179,130 @@ static int pwrite_full(int fd, const uint8_t *p, uint64_t len, uint64_t off)
 typedef struct {
 	rs_sources *sources;
 	uint32_t source;
-	uint64_t src_off, len, dst_off;
-	int fd;
-} source_copy;
+	uint64_t off, len;
+	uint8_t *dst;
+} source_piece;
 
-/* A gather for rs_blocks_gather: the range copied from the source file
- * into the memfd by the kernel.  sendfile returns once the bytes are in
- * the memfd's own pages (it copies out of the source's page cache, unlike
- * a splice into a pipe, which only takes references: fs/read.c), so the
- * check after it covers every byte.  A source that ends first is -EIO. */
-static int copy_source(void *arg)
+/* A gather for rs_blocks_gather: a source range read into the window.  A
+ * pread copies the bytes before the check after it, so the check covers
+ * them (fs/read.c says why a splice would not).  A source that ends
+ * first is -EIO. */
+static int read_piece(void *arg)
 {
-	source_copy *sc = arg;
-	off_t in = (off_t)sc->src_off;
-	uint64_t left = sc->len;
-	int src, err = rs_sources_fd(sc->sources, sc->source, &src);
+	source_piece *sp = arg;
+	int err = rs_sources_pread(sp->sources, sp->source, sp->dst, sp->len,
+				   sp->off);
 
-	if (err)
-		return err;
-	if (lseek(sc->fd, (off_t)sc->dst_off, SEEK_SET) < 0)
-		return -errno;
-	while (left) {
-		ssize_t n = sendfile(sc->fd, src, &in, left);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		left -= (uint64_t)n;
-	}
-	rs_sources_count_read(sc->sources, sc->len);
-	return 0;
-}
-
-static int build_source(rs_snapshots *s, int fd, const rs_segment *seg)
-{
-	rs_sources *sources = s->blocks->sources;
-	rs_source_set set = { 0 };
-	int err = rs_source_set_add(&set, seg->u.source.index);
-
-	for (uint64_t done = 0; !err && done < seg->length;) {
-		source_copy sc = { sources, seg->u.source.index,
-				   seg->u.source.offset + done, 0,
-				   seg->offset + done, fd };
-
-		sc.len = seg->length - done < SOURCE_PIECE ? seg->length - done
-							   : SOURCE_PIECE;
-		err = rs_blocks_gather(s->blocks, &set, copy_source, &sc);
-		done += sc.len;
-	}
-	rs_source_set_free(&set);
+	if (!err)
+		rs_sources_count_read(sp->sources, sp->len);
 	return err;
 }
 
-/* A tensor segment: the blocks of its chunk that it overlaps, each built
- * whole (blocks are where the plan may be sliced) into buf, and the
- * overlapping part written to the memfd. */
-static int build_tensor(rs_snapshots *s, int fd, const rs_segment *seg,
-			uint8_t *buf)
+/* The part [lo, hi) (file offsets) of segment seg into the window. */
+static int fill(builder *b, const rs_segment *seg, uint64_t lo, uint64_t hi)
 {
-	const rs_chunk *c = seg->u.tensor.chunk;
-	uint64_t from = seg->u.tensor.offset, to = from + seg->length;
+	uint8_t *dst = b->win + (lo - b->base);
+	uint64_t from = lo - seg->offset;    /* in the segment */
 
-	for (uint64_t k = from / RS_BLOCK_SIZE; k * RS_BLOCK_SIZE < to; k++) {
-		uint64_t begin = k * RS_BLOCK_SIZE;
-		uint64_t lo = from > begin ? from : begin;
-		uint64_t end = begin + rs_blocks_block_len(c, k);
-		uint64_t hi = to < end ? to : end;
-		int err = rs_blocks_build_into(s->blocks, c, k, buf);
+	switch (seg->kind) {
+	case RS_SEG_LITERAL:
+		memcpy(dst, seg->u.bytes + from, hi - lo);
+		return 0;
+	case RS_SEG_ZERO:
+		memset(dst, 0, hi - lo);
+		return 0;
+	case RS_SEG_SOURCE: {
+		source_piece sp = { b->s->blocks->sources, seg->u.source.index,
+				    seg->u.source.offset + from, hi - lo, dst };
+		rs_source_set set = { 0 };
+		int err = rs_source_set_add(&set, sp.source);
 
 		if (!err)
-			err = pwrite_full(fd, buf + (lo - begin), hi - lo,
-					  seg->offset + (lo - from));
-		if (err)
-			return err;
+			err = rs_blocks_gather(b->s->blocks, &set, read_piece, &sp);
+		rs_source_set_free(&set);
+		return err;
+	}
+	case RS_SEG_TENSOR: {
+		/* The blocks of the chunk the part overlaps, each built whole
+		 * (blocks are where a plan may be sliced); a block that spans
+		 * two windows is built once. */
+		const rs_chunk *c = seg->u.tensor.chunk;
+		uint64_t pos = seg->u.tensor.offset + from;
+		uint64_t end = pos + (hi - lo);
+
+		while (pos < end) {
+			uint64_t k = pos / RS_BLOCK_SIZE, begin = k * RS_BLOCK_SIZE;
+			uint64_t stop = begin + rs_blocks_block_len(c, k);
+			uint64_t n = (end < stop ? end : stop) - pos;
+
+			if (pos == begin && n == stop - begin) {
+				/* a whole block in this window: built in place */
+				int err = rs_blocks_build_into(b->s->blocks, c, k,
+							       dst);
+
+				if (err)
+					return err;
+				dst += n;
+				pos += n;
+				continue;
+			}
+			if (b->blk_chunk != c || b->blk_index != k) {
+				int err = rs_blocks_build_into(b->s->blocks, c, k,
+							       b->blk);
+
+				b->blk_chunk = NULL;
+				if (err)
+					return err;
+				b->blk_chunk = c;
+				b->blk_index = k;
+			}
+			memcpy(dst, b->blk + (pos - begin), n);
+			dst += n;
+			pos += n;
+		}
+		return 0;
+	}
+	}
+	return -EIO;
+}
+
+/* Every byte of file n written to b->fd, window by window. */
+static int build_windows(builder *b)
+{
+	const rs_vnode *n = b->n;
+	uint32_t i = 0;
+
+	for (b->base = 0; b->base < n->size; b->base += RS_BLOCK_SIZE) {
+		uint64_t wend;
+
+		b->len = n->size - b->base < RS_BLOCK_SIZE ? n->size - b->base
+							   : RS_BLOCK_SIZE;
+		wend = b->base + b->len;
+		b->written = false;
+		for (; i < n->nsegs; i++) {
+			const rs_segment *seg = &n->segs[i];
+			uint64_t lo = seg->offset > b->base ? seg->offset : b->base;
+			uint64_t send = seg->offset + seg->length;
+			uint64_t hi = send < wend ? send : wend;
+			int err;
+
+			if (seg->offset >= wend)
+				break;
+			if (hi > lo) {
+				err = fill(b, seg, lo, hi);
+				if (err)
+					return err;
+				b->written |= seg->kind != RS_SEG_ZERO;
+			}
+			if (send > wend)
+				break;  /* it goes on in the next window */
+		}
+		if (b->written) {
+			int err = pwrite_full(b->fd, b->win, b->len, b->base);
+
+			if (err)
+				return err;
+		}
 	}
 	return 0;
 }
@@ -268,47 +331,39 @@ static void give_buffer(rs_snapshots *s, uint8_t *buf)
 	free(buf);
 }
 
+/* A finished memfd sealed: it cannot be written, grown or shrunk again. */
+static int seal(int fd)
+{
+	return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
+		     F_SEAL_WRITE | F_SEAL_SEAL) == 0 ? 0 : -errno;
+}
+
 /* Every byte of file n into a new sealed memfd: *fd on success. */
 static int build(rs_snapshots *s, const rs_vnode *n, int *out)
 {
-	uint8_t *buf = NULL;
-	int err = 0, fd;
+	builder b = { .s = s, .n = n };
+	int err = 0;
 
-	fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
+	b.fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (b.fd < 0)
 		return -errno;
-	if (ftruncate(fd, (off_t)n->size) != 0)
+	b.win = take_buffer(s);
+	b.blk = take_buffer(s);
+	if (!b.win || !b.blk)
+		err = -ENOMEM;
+	if (!err && ftruncate(b.fd, (off_t)n->size) != 0)
 		err = -errno;
-	for (uint32_t i = 0; i < n->nsegs && !err; i++) {
-		const rs_segment *seg = &n->segs[i];
-
-		switch (seg->kind) {
-		case RS_SEG_LITERAL:
-			err = pwrite_full(fd, seg->u.bytes, seg->length,
-					  seg->offset);
-			break;
-		case RS_SEG_ZERO:
-			break;          /* a hole reads as zeros */
-		case RS_SEG_SOURCE:
-			err = build_source(s, fd, seg);
-			break;
-		case RS_SEG_TENSOR:
-			if (!buf && !(buf = take_buffer(s)))
-				err = -ENOMEM;
-			if (!err)
-				err = build_tensor(s, fd, seg, buf);
-			break;
-		}
-	}
-	give_buffer(s, buf);
-	if (!err && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
-			  F_SEAL_WRITE | F_SEAL_SEAL) != 0)
-		err = -errno;
+	if (!err)
+		err = build_windows(&b);
+	if (!err)
+		err = seal(b.fd);
+	give_buffer(s, b.win);
+	give_buffer(s, b.blk);
 	if (err) {
-		close(fd);
+		close(b.fd);
 		return err;
 	}
-	*out = fd;
+	*out = b.fd;
 	return 0;
 }
 

@@ -1,17 +1,19 @@
 /* snapshot: whole view files materialised into sealed memfds.
  *
- * The FUSE-free half of passthrough (fs/passthrough.h hands the memfd to
- * the kernel, which then serves reads and mmap from it without the
- * daemon).  A snapshot of view file `node` holds every byte of the file:
- * literals written, zero segments left as holes (they read as zeros and
- * take no memory), source ranges copied in the kernel (sendfile: no user
- * space buffer), tensor ranges built block by block through the executor
- * (rs_blocks_build_into).  Every copy from a source runs between two
+ * The FUSE-free half of passthrough (fs/passthrough.h hands a snapshot's
+ * file to the kernel, which then serves reads and mmap from it without the
+ * daemon).  A snapshot of view file `node` holds every byte of the file,
+ * assembled window by window (RS_BLOCK_SIZE bytes, written whole): literal
+ * bytes, zeros, source ranges read with pread, tensor ranges built block
+ * by block through the executor (rs_blocks_build_into); a window of
+ * nothing but zero segments is left a hole (it reads as zeros and takes
+ * no memory).  Every read of a source runs between two
  * checks of the files it reads (rs_blocks_gather), as a block build
  * does, so a snapshot holds the bytes the sources held as recorded at
  * mount or the build fails (-ESTALE); nothing of a failed build is kept.
- * A finished snapshot is sealed (F_SEAL_WRITE, SHRINK, GROW, SEAL): not
- * even the daemon can change its bytes afterwards.
+ *
+ * A snapshot is a memfd, sealed once built (F_SEAL_WRITE, SHRINK, GROW,
+ * SEAL): not even the daemon can change its bytes afterwards.
  *
  * Memory: a snapshot's size is charged to the block cache's budget
  * (rs_cache_charge) before it is built, so blocks and snapshots share
@@ -19,7 +21,8 @@
  * stay, for the next open of their file, until the cache needs their
  * bytes: it reclaims them least recently used first (rs_cache_reclaim).
  * Builds of one file are single flight: a second open waits for the
- * first one's build and shares it.
+ * first one's build and shares it.  (Pages a reader keeps mapped after
+ * the snapshot is freed stay with its mapping, outside the budget.)
  *
  * Errors: 0 or a negative errno.  rs_snapshots_get: -E2BIG when the file
  * is larger than the store's max_size; -ENOSPC when its bytes do not fit
@@ -67,7 +70,7 @@ int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
 		     bool *reused);
 void rs_snapshots_release(rs_snapshots *s, rs_snapshot *snap);
 
-/* The sealed memfd (owned by the store) and its size. */
+/* The snapshot's sealed memfd (owned by the store) and its size. */
 int rs_snapshot_fd(const rs_snapshot *snap);
 uint64_t rs_snapshot_size(const rs_snapshot *snap);
 

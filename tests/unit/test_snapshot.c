@@ -1,8 +1,9 @@
 /* memfd snapshots (fs/snapshot.h) without a mount: files of every segment
- * kind built into sealed memfds and compared with bytes computed here;
- * reuse, single flight, the shared budget (-ENOSPC while open files hold
- * it, reclaim of idle snapshots), -E2BIG, a source changed before a build
- * (-ESTALE, nothing kept), and a dropped snapshot.
+ * kind (segments across window boundaries, a window of zeros only) built
+ * and compared with bytes computed here, sealed once built; reuse, single
+ * flight, the shared budget (-ENOSPC while open files hold it, reclaim of
+ * idle snapshots), -E2BIG, a source changed before a build (-ESTALE,
+ * nothing kept), and a dropped snapshot.
  *
  * The source holds one f32 tensor of ROWS x COLS in C order (element g has
  * the bits g * 2654435761, so every element differs), stored as two row
@@ -27,7 +28,7 @@
 #define COL0 512u
 #define NCOLS 768u      /* 256 columns past the tensor: zeros */
 
-static char dir[] = "/tmp/rs_snapshot_XXXXXX";
+static char dir[64];
 
 static uint32_t bits(uint64_t g)
 {
@@ -59,8 +60,8 @@ typedef struct {
 	rs_vtree tree;
 	rs_catalog cat;
 	const rs_chunk *cols;     /* the column shard: 6 MiB */
-	uint32_t a, b_file, big, huge;
-	uint8_t *want_a, *want_b;
+	uint32_t a, b_file, c_file, big, huge;
+	uint8_t *want_a, *want_b, *want_c;
 	uint64_t size_a, size_b;
 } fixture;
 
@@ -78,8 +79,9 @@ static void put_u32s(uint8_t *dst, uint64_t first, uint64_t n)
 
 /* File a: literal, 5000 zeros, source bytes [4096, 4096 + 3 MiB), the
  * whole column shard, literal.  File b: bytes [1 MiB + 64, 5 MiB) of the
- * column shard (not on a block boundary).  big: 20 MiB of zeros; huge:
- * 40 MiB of zeros (over max_size). */
+ * column shard (not on a block boundary).  c: the whole shard from the
+ * file's start (its blocks built in place in the windows).  big: 20 MiB
+ * of zeros; huge: 40 MiB of zeros (over max_size). */
 static void make_tree(fixture *f)
 {
 	const uint64_t shape[2] = { ROWS, COLS }, chunk[2] = { ROWS / 2, COLS };
@@ -129,6 +131,12 @@ static void make_tree(fixture *f)
 	f->size_b = 4 * MiB - 64;
 	f->want_b = malloc(f->size_b);
 	put_u32s(f->want_b, (MiB + 64) / 4, f->size_b / 4);
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "c", ts, &f->c_file) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->c_file, f->cols, 0,
+				     f->cols->size) == 0);
+	f->want_c = malloc(6 * MiB);
+	put_u32s(f->want_c, 0, 6 * MiB / 4);
 
 	CHECK(rs_vtree_add_file(&f->tree, 0, "big", ts, &f->big) == 0);
 	CHECK(rs_vtree_append_zero(&f->tree, f->big, 20 * MiB) == 0);
@@ -190,6 +198,7 @@ int main(void)
 	char path[80];
 	FILE *fp;
 
+	snprintf(dir, sizeof(dir), "/tmp/rs_snapshot_XXXXXX");
 	CHECK(content && mkdtemp(dir) != NULL);
 	if (check_failed)
 		return CHECK_DONE();
@@ -213,6 +222,11 @@ int main(void)
 	      st.bytes == f.size_a && st.bytes_built == f.size_a);
 	CHECK(rs_sources_bytes_read(f.b.sources) >= 3 * MiB);
 
+	CHECK(rs_snapshots_get(s, f.c_file, &x, NULL) == 0);
+	CHECK(holds(x, f.want_c, 6 * MiB));
+	rs_snapshots_release(s, x);
+	rs_snapshots_drop(s, f.c_file);
+
 	/* Single flight: four threads, one build of b. */
 	for (int i = 0; i < 4; i++) {
 		g[i] = (getter){ &f, s, NULL, -1 };
@@ -225,7 +239,7 @@ int main(void)
 	b = g[0].got;
 	CHECK(holds(b, f.want_b, f.size_b));
 	rs_snapshots_get_stats(s, &st);
-	CHECK(st.builds == 2 && st.reuses == 4);
+	CHECK(st.builds == 3 && st.reuses == 4);
 	for (int i = 1; i < 4; i++)
 		rs_snapshots_release(s, g[i].got);
 
@@ -242,11 +256,14 @@ int main(void)
 	CHECK(st.evictions == 1 && st.files == 2);
 	rs_cache_get_stats(f.b.cache, &cs);
 	CHECK(cs.charged == f.size_b + 20 * MiB && cs.charged <= 32 * MiB);
-	/* Holes take no memory: the 20 MiB of zeros read back as zeros. */
+	/* Windows of zeros only are holes: the 20 MiB read back as zeros and
+	 * take no memory. */
 	{
 		uint8_t *z = calloc(1, 20 * MiB);
+		struct stat sb;
 
 		CHECK(z && holds(big, z, 20 * MiB));
+		CHECK(fstat(rs_snapshot_fd(big), &sb) == 0 && sb.st_blocks == 0);
 		free(z);
 	}
 	rs_snapshots_release(s, big);
@@ -281,6 +298,7 @@ int main(void)
 	rs_catalog_free(&f.cat);
 	free(f.want_a);
 	free(f.want_b);
+	free(f.want_c);
 	rs_cache_free(f.b.cache);
 	rs_executor_destroy(f.b.exec);
 	rs_sources_free(f.b.sources);
