@@ -35,7 +35,7 @@ static const char *const fallback_names[FB_REASONS] = {
 };
 
 static const char *const kind_names[RS_OPEN_KINDS] = {
-	"read", "memfd", "source",
+	"read", "snapshot", "source",
 };
 
 typedef enum {
@@ -50,7 +50,7 @@ typedef struct {
 	uint32_t opens;
 	rs_open_kind kind;       /* NODE_BACKED */
 	int32_t backing_id;
-	rs_snapshot *snap;       /* RS_OPEN_MEMFD */
+	rs_snapshot *snap;       /* RS_OPEN_SNAPSHOT */
 } node_state;
 
 struct rs_passthrough {
@@ -359,7 +359,7 @@ static fallback decide(rs_passthrough *p, uint32_t node, node_state *st)
 		st->snap = NULL;
 		return FB_BACKING;
 	}
-	st->kind = RS_OPEN_MEMFD;
+	st->kind = RS_OPEN_SNAPSHOT;
 	return FB_REASONS;
 }
 
@@ -481,12 +481,11 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     "    \"opens\": {%s},\n"
 		     "    \"open_now\": {%s},\n"
 		     "    \"fallbacks\": {%s},\n"
-		     "    \"memfd\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu}\n"
+		     "    \"snapshots\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu}\n"
 		     "  }",
 		     p->enabled ? "auto" : "off",
 		     atomic_load(&p->active) ? "true" : "false", why, opens, now,
-		     fb,
-		     (unsigned long long)ss.files, (unsigned long long)ss.bytes,
+		     fb, (unsigned long long)ss.files, (unsigned long long)ss.bytes,
 		     (unsigned long long)ss.bytes_peak,
 		     (unsigned long long)ss.builds,
 		     (unsigned long long)ss.bytes_built, ss.build_ns / 1e9,

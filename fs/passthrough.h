@@ -15,9 +15,9 @@
  *   source   a view file whose bytes are one whole source file, when that
  *            file is immutable (chattr +i) and unchanged since the mount:
  *            passed through to the source file itself;
- *   memfd    any other view file of at most max_size bytes: built into a
- *            sealed memfd snapshot (fs/snapshot.h), reused by later opens
- *            while it is held;
+ *   snapshot any other view file of at most max_size bytes: built into an
+ *            unchangeable in-memory snapshot (fs/snapshot.h), reused by
+ *            later opens while it is held;
  *   read     the read path of fs/read.c: with -o passthrough=off, when
  *            the kernel does not offer passthrough or the daemon lacks
  *            CAP_SYS_ADMIN, for files over max_size, when the cache budget
@@ -31,8 +31,8 @@
  *
  * A backing id stays registered while any open file uses it (closing it
  * earlier races the kernel's processing of the OPEN reply) and is closed
- * at the file's last release; a memfd snapshot outlives it, idle, until
- * the cache needs its bytes.
+ * at the file's last release; a snapshot outlives it, idle, until the
+ * cache needs its bytes.
  *
  * Thread safety: every function may be called from any thread, after
  * rs_passthrough_new and before rs_passthrough_free. */
@@ -50,7 +50,7 @@ typedef struct rs_passthrough rs_passthrough;
 
 typedef enum {
 	RS_OPEN_READ,            /* the daemon's read path */
-	RS_OPEN_MEMFD,           /* passthrough to a memfd snapshot */
+	RS_OPEN_SNAPSHOT,        /* passthrough to a snapshot (fs/snapshot.h) */
 	RS_OPEN_SOURCE,          /* passthrough to an immutable source file */
 	RS_OPEN_KINDS
 } rs_open_kind;

@@ -58,10 +58,10 @@ def extra_mount_opts():
 
 def bytes_delivered(st):
     """The view bytes a daemon produced for readers, from its stats file:
-    read-path replies (``bytes_served``) plus the bytes of the memfd
-    snapshots built for passthrough opens, whose reads never reach the
-    daemon (fs/passthrough.h)."""
-    return st["bytes_served"] + st["passthrough"]["memfd"]["bytes_built"]
+    read-path replies (``bytes_served``) plus the bytes of the snapshots
+    built for passthrough opens, whose reads never reach the daemon
+    (fs/passthrough.h)."""
+    return st["bytes_served"] + st["passthrough"]["snapshots"]["bytes_built"]
 
 
 def daemon_path():

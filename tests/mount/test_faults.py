@@ -5,7 +5,7 @@ The rule for every read: EIO, or exactly the oracle's bytes.  Never stale
 bytes, never zeros, never a short read except at the end of the file.
 
 Each test runs in each way a view file can be served (MODES): the read
-path (passthrough=off), and memfd snapshots read by the kernel
+path (passthrough=off), and snapshots read by the kernel
 (passthrough=auto with room for the files: fs/passthrough.h).  A snapshot
 holds the bytes the source held when it was built, so a file already open
 before a change keeps reading them, where the read path gives EIO; every
@@ -66,28 +66,28 @@ FAULT_MODEL = dict(layers=1, hidden=1024, ffn=4096, heads=8, groups=4,
 # Seconds each in-flight test runs its writer against its readers.
 RACE_SECONDS = float(os.environ.get("RESHARDFS_FAULT_SECONDS", "4"))
 
-# The ways a view file is served, as mount options (the memfd default
+# The ways a view file is served, as mount options (the snapshot default
 # cache, 1 GiB, has room for every file; mode_opts() narrows it).
-MODES = {"read": ["passthrough=off"], "memfd": ["passthrough=auto"]}
+MODES = {"read": ["passthrough=off"], "snapshot": ["passthrough=auto"]}
 
 
 def mode_opts(mode, *opts):
     """Options for a mount in `mode`: the read path's with `opts` as given;
-    memfd's with a 2 MiB cache instead (snapshots of the 1 MiB files,
+    snapshot's with a 2 MiB cache instead (snapshots of the 1 MiB files,
     passthrough_max 1M, two at a time) so that passthrough is what the
     test exercises and snapshots keep being built."""
     opts = list(opts)
-    if mode == "memfd":
+    if mode == "snapshot":
         opts = [o for o in opts if not o.startswith("cache_size=")]
         opts += ["cache_size=2M", "passthrough_max=1M"]
     return opts + MODES[mode]
 
 
 def check_mode(m, mode):
-    """The mount serves files the way `mode` says (skips memfd where the
+    """The mount serves files the way `mode` says (skips snapshot where the
     kernel or the daemon's privileges do not allow passthrough)."""
     p = stats(m)["passthrough"]
-    if mode == "memfd" and not p["active"]:
+    if mode == "snapshot" and not p["active"]:
         pytest.skip(f"passthrough not available: {p['inactive_because']}")
     if mode == "read":
         assert not p["active"], p
@@ -256,7 +256,7 @@ def test_immutable_source(tmp_path, mount):
         pytest.skip(f"chattr +i: {r.stderr.strip()}")
     try:
         m = mount(src, ["tp=2"])
-        check_mode(m, "memfd")
+        check_mode(m, "snapshot")
         held = open(m.mnt / rel, "rb")
         assert held.read() == want
         assert stats(m)["passthrough"]["opens"]["source"] == 1
@@ -501,7 +501,7 @@ def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode,
     and puts it back: every read is EIO or right; once changed, the file
     stays EIO in that mount though its bytes and mtime are back (its ctime
     is not); a new mount of the restored source reads right.  Each round
-    is a fresh mount, so the change races reads again and again: in memfd
+    is a fresh mount, so the change races reads again and again: in snapshot
     mode it races snapshot builds (a 2 MiB budget holds two of the 1 MiB
     files, so the readers' opens keep building them anew)."""
     src, exp = fault_ckpt
@@ -525,8 +525,8 @@ def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode,
             for rel in hit:
                 assert read_direct(m.mnt / rel) == want[rel], rel
             st = stats(m)
-            if serve == "memfd":
-                assert st["passthrough"]["memfd"]["builds"] > 0, st
+            if serve == "snapshot":
+                assert st["passthrough"]["snapshots"]["builds"] > 0, st
             elif key == COL:
                 assert st["cache_misses"] == 0, st   # from the source
             else:
@@ -643,7 +643,7 @@ def test_source_read_error(fault_ckpt, errfs, mount, mode):
     """errfs fails a few bytes of one source chunk: the reads that need
     them give EIO and a log line, everything else reads right, and once
     the error is gone every file reads right (no failure was cached).  In
-    memfd mode the snapshot build of a file meeting the error fails, and
+    snapshot mode the snapshot build of a file meeting the error fails, and
     its opens fall back to the read path, where only the reads that need
     the failing bytes fail; once the error is gone they are snapshots."""
     src, exp = fault_ckpt
@@ -684,16 +684,16 @@ def test_source_read_error(fault_ckpt, errfs, mount, mode):
     for rel in (row[0], row[1], row[3]):
         assert read_direct(m.mnt / rel) == want[rel], rel
 
-    if mode == "memfd":
+    if mode == "snapshot":
         p = stats(m)["passthrough"]
         assert p["fallbacks"]["build_failed"] > 0, p
-        built = p["memfd"]["builds"]
+        built = p["snapshots"]["builds"]
     e.fail(None)
     for rel in col + row:
         assert read_direct(m.mnt / rel) == want[rel], rel
         assert read_file(m.mnt / rel) == want[rel], rel
-    if mode == "memfd":
-        assert stats(m)["passthrough"]["memfd"]["builds"] > built
+    if mode == "snapshot":
+        assert stats(m)["passthrough"]["snapshots"]["builds"] > built
     assert "errfs: EIO" in e.log()
     log = m.log()
     assert f"read of {col[1].split('/')[-1]} at" in log and \
@@ -799,7 +799,7 @@ def test_sigterm_with_open_files(fault_ckpt, mount, mode):
         m.unmounted = True
         assert rc == 0, m.log()
         assert not is_mounted(m.mnt)
-        if mode == "memfd":
+        if mode == "snapshot":
             assert os.preadv(fd, [buf], 65536) == 65536
             assert buf[:] == exp.read(rel)[65536:2 * 65536]
         else:
@@ -864,10 +864,10 @@ def vm_hwm_kib(pid):
 
 # The cache of each way: the read path, and the default (snapshots of the
 # files up to 256 KiB, the read path for the others), at the 1 MiB
-# minimum; memfd with room for 16 of the 1 MiB files at once.
+# minimum; snapshot with room for 16 of the 1 MiB files at once.
 PRESSURE_OPTS = {"read": ["cache_size=1M", "passthrough=off"],
                  "mixed": ["cache_size=1M"],
-                 "memfd": ["cache_size=16M", "passthrough_max=1M"]}
+                 "snapshot": ["cache_size=16M", "passthrough_max=1M"]}
 
 
 @pytest.mark.parametrize("mode", sorted(PRESSURE_OPTS))
@@ -884,7 +884,7 @@ def test_memory_pressure(sample, mount, mode):
     assert total > 2 * PRESSURE_RSS_MIB << 20, total
     m = mount(src, ["tp=8"] + PRESSURE_OPTS[mode])
     if mode != "read":
-        check_mode(m, "memfd")
+        check_mode(m, "snapshot")
     work = [(rel, k) for k in range(2) for rel in exp.files]
     random.Random(3).shuffle(work)
     lock = threading.Lock()
@@ -925,11 +925,11 @@ def test_memory_pressure(sample, mount, mode):
     bound = PRESSURE_RSS_MIB * (8 if "libtsan" in maps or "libasan" in maps
                                 else 1)
     st = stats(m)
-    memfd = st["passthrough"]["memfd"]["bytes_peak"]
+    held = st["passthrough"]["snapshots"]["bytes_peak"]
     print(f"memory pressure ({mode}): {2 * total >> 20} MiB read, daemon "
-          f"VmHWM {hwm} MiB (bound {bound} MiB), memfd peak {memfd >> 20} "
+          f"VmHWM {hwm} MiB (bound {bound} MiB), snapshots' peak {held >> 20} "
           f"MiB, opens {st['passthrough']['opens']}")
     assert hwm < bound, f"daemon VmHWM {hwm} MiB"
-    assert memfd <= st["cache_budget"], st
+    assert held <= st["cache_budget"], st
     if mode != "read":
-        assert st["passthrough"]["opens"]["memfd"] > 0, st
+        assert st["passthrough"]["opens"]["snapshot"] > 0, st

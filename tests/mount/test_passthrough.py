@@ -2,7 +2,7 @@
 checked against the numpy oracle:
 
 * passthrough=auto: every view file read buffered, with O_DIRECT and
-  through mmap from memfd snapshots; the daemon sees no READ at all; the
+  through mmap from snapshots; the daemon sees no READ at all; the
   source is read once (the bytes a read-path mount reads for the same
   files); opens and snapshots counted in the stats file;
 * snapshots are reused by later opens, and the least recently released
@@ -81,9 +81,9 @@ def data_files(exp, key=None):
             (key is None or r.startswith(key + "/"))]
 
 
-def test_every_file_from_memfds(sample, mount):
+def test_every_file_from_snapshots(sample, mount):
     """Every file of a tp=8 view of a tp=2 checkpoint (with optimizer
-    states), three ways each, from memfd snapshots: right bytes, no READ
+    states), three ways each, from snapshots: right bytes, no READ
     reaches the daemon, each snapshot built once, and the source read
     exactly as much as a read-path mount reads for the same files."""
     src = sample(2)
@@ -98,13 +98,13 @@ def test_every_file_from_memfds(sample, mount):
     st = stats(m)
     p = st["passthrough"]
     n = len(exp.files)
-    assert p["opens"] == {"read": 0, "memfd": 3 * n, "source": 0}, p
+    assert p["opens"] == {"read": 0, "snapshot": 3 * n, "source": 0}, p
     # (an open made before the last one's RELEASE arrived shares its
     # backing file without asking the store)
-    assert p["memfd"]["builds"] == n and p["memfd"]["reuses"] <= 2 * n, p
-    assert p["memfd"]["bytes_built"] == exp.total_bytes(), p
+    assert p["snapshots"]["builds"] == n and p["snapshots"]["reuses"] <= 2 * n, p
+    assert p["snapshots"]["bytes_built"] == exp.total_bytes(), p
     assert st["reads"] == 0 and st["bytes_served"] == 0, st
-    assert p["memfd"]["bytes_peak"] <= st["cache_budget"]
+    assert p["snapshots"]["bytes_peak"] <= st["cache_budget"]
     m.unmount()
     # The read path, for the same files: the same source bytes.
     m = mount(src, ["tp=8", "passthrough=off"])
@@ -133,22 +133,22 @@ def test_reuse_and_lru(sample, mount):
     all_released(m)
     for rel in files[:4]:
         assert (m.mnt / rel).read_bytes() == exp.read(rel)
-    p = pt(m)["memfd"]
+    p = pt(m)["snapshots"]
     assert p["builds"] == 4 and p["reuses"] == 4 and p["evictions"] == 0, p
     for rel in files[4:]:
         assert (m.mnt / rel).read_bytes() == exp.read(rel)
     all_released(m)
     st = stats(m)
-    p = st["passthrough"]["memfd"]
+    p = st["passthrough"]["snapshots"]
     assert p["builds"] == 16 and p["evictions"] >= 8, p
     assert p["bytes"] <= 8 << 20 and p["bytes_peak"] <= 8 << 20, p
     assert st["cache_bytes"] + st["cache_charged"] <= 8 << 20, st
     # files[0] was released first: gone, built again
     assert (m.mnt / files[0]).read_bytes() == exp.read(files[0])
-    assert pt(m)["memfd"]["builds"] == 17
+    assert pt(m)["snapshots"]["builds"] == 17
     # the last one read is still held idle: reused
     assert (m.mnt / files[-1]).read_bytes() == exp.read(files[-1])
-    assert pt(m)["memfd"]["builds"] == 17
+    assert pt(m)["snapshots"]["builds"] == 17
 
 
 def test_fallbacks(sample, mount):
@@ -171,7 +171,7 @@ def test_fallbacks(sample, mount):
     # four held open fill the budget: the fifth goes to the read path
     held = [open(m.mnt / rel, "rb") for rel in fc1[:4]]
     try:
-        assert pt(m)["opens"]["memfd"] == 4
+        assert pt(m)["opens"]["snapshot"] == 4
         assert (m.mnt / fc1[4]).read_bytes() == exp.read(fc1[4])
         assert pt(m)["fallbacks"]["budget"] == 1
         for f, rel in zip(held, fc1):
@@ -184,7 +184,7 @@ def test_fallbacks(sample, mount):
     assert st["cache_bytes"] + st["cache_charged"] <= 4 << 20, st
     # released: fc1[4] now fits
     assert (m.mnt / fc1[4]).read_bytes() == exp.read(fc1[4])
-    assert pt(m)["opens"]["memfd"] == 5
+    assert pt(m)["opens"]["snapshot"] == 5
 
 
 def test_one_way_per_open_inode(sample, mount):
@@ -204,7 +204,7 @@ def test_one_way_per_open_inode(sample, mount):
         late = open(m.mnt / fc1[2], "rb")    # read path: budget
         a.close()
         b.close()                         # room again, but fc1[2] is open
-        assert wait_for(lambda: pt(m)["open_now"]["memfd"] == 0)
+        assert wait_for(lambda: pt(m)["open_now"]["snapshot"] == 0)
         with open(m.mnt / fc1[2], "rb") as again:
             assert again.read() == exp.read(fc1[2])
         assert read_direct(m.mnt / fc1[2]) == exp.read(fc1[2])
@@ -222,8 +222,8 @@ def test_one_way_per_open_inode(sample, mount):
         assert first.read() == exp.read(fc1[2])
         first.close()
         p = pt(m)
-        assert p["opens"]["memfd"] == 2 + 3, p
-        assert p["memfd"]["builds"] == 3, p
+        assert p["opens"]["snapshot"] == 2 + 3, p
+        assert p["snapshots"]["builds"] == 3, p
     finally:
         for f in (a, b):
             f.close()
@@ -254,7 +254,7 @@ def test_concurrent_opens_share_one_build(sample, mount):
         t.join(timeout=120)
     assert not errors and not bad, (errors, bad)
     p = pt(m)
-    assert p["memfd"]["builds"] == 1 and p["opens"]["memfd"] == 16, p
+    assert p["snapshots"]["builds"] == 1 and p["opens"]["snapshot"] == 16, p
 
 
 @pytest.fixture
@@ -293,8 +293,8 @@ def test_immutable_sources_passed_through(tmp_path, mount, immutable):
         assert read_mapped(m.mnt / rel) == want, rel
     p = pt(m)
     assert p["opens"]["source"] == 3 * len(fc1), p
-    assert p["opens"]["memfd"] == 3 * (len(exp.files) - len(fc1)), p
-    assert p["memfd"]["bytes_built"] == exp.total_bytes() - sum(
+    assert p["opens"]["snapshot"] == 3 * (len(exp.files) - len(fc1)), p
+    assert p["snapshots"]["bytes_built"] == exp.total_bytes() - sum(
         exp.size(r) for r in fc1), p
 
 
