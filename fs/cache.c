@@ -27,6 +27,7 @@ struct rs_block {
 	uint64_t packed_len;
 	block_state state;
 	int refs;
+	uint64_t taken;         /* bytes reads took from it (rs_cache_mark_read) */
 	int error;              /* why a failed build failed, for waiters */
 	bool in_table;
 	rs_block *hnext;
@@ -165,6 +166,24 @@ static rs_block *hot_victim(rs_cache *c)
 	return NULL;
 }
 
+/* Least recently used block, hot or cold, nobody holds and every byte of
+ * which reads have taken, or NULL: the first to go.  Its bytes are in the
+ * readers' page cache now, and loaders read each byte once, while a block
+ * only partly read is usually waiting for the rest of a read that the
+ * kernel's readahead began (a torch.load reading a zip's tail builds the
+ * block holding it, then reads the data in front of it later): evicted
+ * first, it would be built twice. */
+static rs_block *read_victim(rs_cache *c)
+{
+	for (rs_block *b = c->hot.tail; b; b = b->prev)
+		if (b->refs == 0 && b->taken >= b->len)
+			return b;
+	for (rs_block *b = c->cold.tail; b; b = b->prev)
+		if (b->refs == 0 && b->taken >= b->len)
+			return b;
+	return NULL;
+}
+
 /* Compresses a hot block into the cold list, outside the lock. */
 static void pack(rs_cache *c, rs_block *b)
 {
@@ -206,15 +225,23 @@ static void pack(rs_cache *c, rs_block *b)
 static void make_room(rs_cache *c)
 {
 	while (c->compress && c->hot_bytes > c->budget / 2) {
-		rs_block *b = hot_victim(c);
+		rs_block *b = read_victim(c);
 
+		if (b && b->state == BLOCK_READY) {
+			c->stats.evictions++;   /* read: dropped, not packed */
+			drop(c, b);
+			continue;
+		}
+		b = hot_victim(c);
 		if (!b || b->len > INT32_MAX)
 			break;
 		pack(c, b);
 	}
 	while (c->bytes + c->charged > c->budget) {
-		rs_block *b = c->cold.tail;
+		rs_block *b = read_victim(c);
 
+		if (!b)
+			b = c->cold.tail;
 		while (b && b->refs)
 			b = b->prev;
 		if (!b)
@@ -444,6 +471,17 @@ const uint8_t *rs_block_data(const rs_block *b)
 uint64_t rs_block_len(const rs_block *b)
 {
 	return b->len;
+}
+
+bool rs_cache_mark_read(rs_cache *c, rs_block *b, uint64_t bytes)
+{
+	bool whole;
+
+	pthread_mutex_lock(&c->lock);
+	whole = b->taken < b->len && b->taken + bytes >= b->len;
+	b->taken += bytes;
+	pthread_mutex_unlock(&c->lock);
+	return whole;
 }
 
 void rs_cache_release(rs_cache *c, rs_block *b)

@@ -14,6 +14,8 @@
  * blocks readers hold at once.  When evicting every unreferenced block is
  * not enough, the cache asks the owner of the charged bytes to give some
  * back (rs_cache_set_reclaim).
+ * Eviction is least recently used first, except that blocks every byte of
+ * which reads have taken (rs_cache_mark_read) go before all others.
  * With `compress`, blocks leaving the hot half of the budget are kept LZ4-
  * compressed in the cold half when that saves at least an eighth; a hit on
  * a cold block decompresses it back.
@@ -58,6 +60,9 @@ bool rs_cache_has(rs_cache *c, uint64_t chunk, uint64_t index);
 const uint8_t *rs_block_data(const rs_block *b);
 uint64_t rs_block_len(const rs_block *b);
 void rs_cache_release(rs_cache *c, rs_block *b);
+/* A read took `bytes` of the block's bytes (a referenced block): true
+ * when that makes the reads' bytes reach the block's length (once). */
+bool rs_cache_mark_read(rs_cache *c, rs_block *b, uint64_t bytes);
 
 void rs_cache_get_stats(rs_cache *c, rs_cache_stats *s);
 

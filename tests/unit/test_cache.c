@@ -1,5 +1,6 @@
-/* Block cache: budget, LRU eviction, single flight, failed builds, lz4;
- * bytes charged from outside, and their reclaim. */
+/* Block cache: budget, LRU eviction (blocks read whole first), single
+ * flight, failed builds, lz4; bytes charged from outside, and their
+ * reclaim. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -247,11 +248,57 @@ static void test_charges(void)
 	rs_cache_free(c);
 }
 
+/* Blocks every byte of which reads took go first, least recently used of
+ * them first; a block read only in part is kept (it would be built twice:
+ * see read_victim); then plain LRU.  Also with LZ4: a block read whole is
+ * dropped, not packed. */
+static void test_read_first(void)
+{
+	rs_cache *c;
+	rs_cache_stats st;
+	rs_block *b;
+
+	for (int compress = 0; compress < 2; compress++) {
+		CHECK(rs_cache_new(&c, 4 * LEN, compress) == 0);
+		for (uintptr_t k = 0; k < 4; k++) {
+			CHECK(rs_cache_get(c, 6, k, LEN, fill, (void *)(2 * k), &b) == 0);
+			if (k == 1 || k == 2)
+				rs_cache_mark_read(c, b, LEN);
+			if (k == 0)
+				rs_cache_mark_read(c, b, LEN / 2);
+			rs_cache_release(c, b);
+		}
+		if (compress) {
+			/* over the hot half: the blocks read whole went, the
+			 * others were packed */
+			rs_cache_get_stats(c, &st);
+			CHECK(!rs_cache_has(c, 6, 1) && !rs_cache_has(c, 6, 2));
+			CHECK(rs_cache_has(c, 6, 0) && rs_cache_has(c, 6, 3));
+			CHECK(st.evictions == 2);
+			rs_cache_free(c);
+			continue;
+		}
+		CHECK(rs_cache_get(c, 6, 4, LEN, fill, (void *)8, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(rs_cache_has(c, 6, 0) && !rs_cache_has(c, 6, 1) &&
+		      rs_cache_has(c, 6, 2) && rs_cache_has(c, 6, 3));
+		CHECK(rs_cache_get(c, 6, 5, LEN, fill, (void *)10, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(rs_cache_has(c, 6, 0) && !rs_cache_has(c, 6, 2));
+		/* no block read whole left: least recently used */
+		CHECK(rs_cache_get(c, 6, 6, LEN, fill, (void *)12, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(!rs_cache_has(c, 6, 0) && rs_cache_has(c, 6, 3));
+		rs_cache_free(c);
+	}
+}
+
 int main(void)
 {
 	test_budget_and_lru();
 	test_single_flight();
 	test_lz4_cold();
 	test_charges();
+	test_read_first();
 	return CHECK_DONE();
 }
