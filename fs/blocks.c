@@ -129,16 +129,35 @@ static int build_block(void *arg, uint8_t *buf, uint64_t len)
 	return err;
 }
 
+uint64_t rs_blocks_block_len(const rs_chunk *c, uint64_t index)
+{
+	uint64_t begin = index * RS_BLOCK_SIZE;
+
+	if (index >= (c->size + RS_BLOCK_SIZE - 1) / RS_BLOCK_SIZE)
+		return 0;
+	return c->size - begin < RS_BLOCK_SIZE ? c->size - begin
+					       : RS_BLOCK_SIZE;
+}
+
 int rs_blocks_get(const rs_blocks *b, const rs_chunk *c, uint64_t index,
 		  rs_block **out)
 {
-	uint64_t begin = index * RS_BLOCK_SIZE;
-	uint64_t blen = c->size - begin < RS_BLOCK_SIZE
-				? c->size - begin : RS_BLOCK_SIZE;
-	block_job bj = { b, c, begin };
+	uint64_t blen = rs_blocks_block_len(c, index);
+	block_job bj = { b, c, index * RS_BLOCK_SIZE };
 
-	if (begin >= c->size)
+	if (!blen)
 		return -EINVAL;
 	return rs_cache_get(b->cache, c->id, index, blen, build_block, &bj,
 			    out);
+}
+
+int rs_blocks_build_into(const rs_blocks *b, const rs_chunk *c,
+			 uint64_t index, uint8_t *buf)
+{
+	uint64_t blen = rs_blocks_block_len(c, index);
+	block_job bj = { b, c, index * RS_BLOCK_SIZE };
+
+	if (!blen)
+		return -EINVAL;
+	return build_block(&bj, buf, blen);
 }

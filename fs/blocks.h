@@ -52,6 +52,18 @@ typedef struct {
 int rs_blocks_get(const rs_blocks *b, const rs_chunk *c, uint64_t index,
 		  rs_block **out);
 
+/* Block `index` of chunk `c` built into buf (rs_blocks_block_len bytes),
+ * as rs_blocks_get builds it on a miss - the plan's slice run by the
+ * executor between two checks of its sources - but neither looked up in
+ * nor kept in the cache: for a caller that keeps the bytes itself (the
+ * memfd snapshots of fs/snapshot.h).  0, -EINVAL when the chunk has no
+ * such block, or the build's error (buf's bytes are then not valid). */
+int rs_blocks_build_into(const rs_blocks *b, const rs_chunk *c,
+			 uint64_t index, uint8_t *buf);
+
+/* Bytes of block `index` of chunk c (0 past its end). */
+uint64_t rs_blocks_block_len(const rs_chunk *c, uint64_t index);
+
 /* The distinct sources a gather reads.  Zero-initialise; the caller owns
  * the array and frees it with rs_source_set_free. */
 typedef struct {

@@ -27,6 +27,7 @@ struct rs_block {
 	uint64_t packed_len;
 	block_state state;
 	int refs;
+	uint64_t taken;         /* bytes reads took from it (rs_cache_mark_read) */
 	int error;              /* why a failed build failed, for waiters */
 	bool in_table;
 	rs_block *hnext;
@@ -43,6 +44,9 @@ struct rs_cache {
 	rs_block *buckets[NBUCKETS];
 	block_list hot, cold;
 	uint64_t budget, bytes, hot_bytes;
+	uint64_t charged;       /* rs_cache_charge: counted in the budget */
+	rs_cache_reclaim reclaim;
+	void *reclaim_arg;
 	bool compress;
 	rs_cache_stats stats;
 	struct { uint8_t *data; uint64_t len; } spares[NSPARES];
@@ -162,6 +166,24 @@ static rs_block *hot_victim(rs_cache *c)
 	return NULL;
 }
 
+/* Least recently used block, hot or cold, nobody holds and every byte of
+ * which reads have taken, or NULL: the first to go.  Its bytes are in the
+ * readers' page cache now, and loaders read each byte once, while a block
+ * only partly read is usually waiting for the rest of a read that the
+ * kernel's readahead began (a torch.load reading a zip's tail builds the
+ * block holding it, then reads the data in front of it later): evicted
+ * first, it would be built twice. */
+static rs_block *read_victim(rs_cache *c)
+{
+	for (rs_block *b = c->hot.tail; b; b = b->prev)
+		if (b->refs == 0 && b->taken >= b->len)
+			return b;
+	for (rs_block *b = c->cold.tail; b; b = b->prev)
+		if (b->refs == 0 && b->taken >= b->len)
+			return b;
+	return NULL;
+}
+
 /* Compresses a hot block into the cold list, outside the lock. */
 static void pack(rs_cache *c, rs_block *b)
 {
@@ -203,21 +225,38 @@ static void pack(rs_cache *c, rs_block *b)
 static void make_room(rs_cache *c)
 {
 	while (c->compress && c->hot_bytes > c->budget / 2) {
-		rs_block *b = hot_victim(c);
+		rs_block *b = read_victim(c);
 
+		if (b && b->state == BLOCK_READY) {
+			c->stats.evictions++;   /* read: dropped, not packed */
+			drop(c, b);
+			continue;
+		}
+		b = hot_victim(c);
 		if (!b || b->len > INT32_MAX)
 			break;
 		pack(c, b);
 	}
-	while (c->bytes > c->budget) {
-		rs_block *b = c->cold.tail;
+	while (c->bytes + c->charged > c->budget) {
+		rs_block *b = read_victim(c);
 
+		if (!b)
+			b = c->cold.tail;
 		while (b && b->refs)
 			b = b->prev;
 		if (!b)
 			b = hot_victim(c);
-		if (!b)
-			break; /* everything left is in use */
+		if (!b) {
+			/* every block left is in use: charged bytes next */
+			uint64_t want = c->bytes + c->charged - c->budget;
+			uint64_t freed = c->reclaim && c->charged
+				? c->reclaim(c->reclaim_arg, want) : 0;
+
+			if (!freed)
+				break; /* everything left is in use */
+			c->charged -= freed < c->charged ? freed : c->charged;
+			continue;
+		}
 		c->stats.evictions++;
 		drop(c, b);
 	}
@@ -434,12 +473,23 @@ uint64_t rs_block_len(const rs_block *b)
 	return b->len;
 }
 
+bool rs_cache_mark_read(rs_cache *c, rs_block *b, uint64_t bytes)
+{
+	bool whole;
+
+	pthread_mutex_lock(&c->lock);
+	whole = b->taken < b->len && b->taken + bytes >= b->len;
+	b->taken += bytes;
+	pthread_mutex_unlock(&c->lock);
+	return whole;
+}
+
 void rs_cache_release(rs_cache *c, rs_block *b)
 {
 	pthread_mutex_lock(&c->lock);
 	if (--b->refs == 0 && !b->in_table) {
 		block_free(c, b);
-	} else if (b->refs == 0 && c->bytes > c->budget) {
+	} else if (b->refs == 0 && c->bytes + c->charged > c->budget) {
 		make_room(c);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -450,5 +500,40 @@ void rs_cache_get_stats(rs_cache *c, rs_cache_stats *s)
 	pthread_mutex_lock(&c->lock);
 	*s = c->stats;
 	s->bytes = c->bytes;
+	s->charged = c->charged;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void rs_cache_set_reclaim(rs_cache *c, rs_cache_reclaim fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->reclaim = fn;
+	c->reclaim_arg = arg;
+	pthread_mutex_unlock(&c->lock);
+}
+
+int rs_cache_charge(rs_cache *c, uint64_t bytes)
+{
+	int err = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (bytes > c->budget) {
+		err = -ENOSPC;
+	} else {
+		c->charged += bytes;
+		make_room(c);
+		if (c->bytes + c->charged > c->budget) {
+			c->charged -= bytes;   /* held by blocks and charges in use */
+			err = -ENOSPC;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return err;
+}
+
+void rs_cache_uncharge(rs_cache *c, uint64_t bytes)
+{
+	pthread_mutex_lock(&c->lock);
+	c->charged -= bytes < c->charged ? bytes : c->charged;
 	pthread_mutex_unlock(&c->lock);
 }

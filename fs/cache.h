@@ -8,8 +8,14 @@
  * caller tries again.
  *
  * Memory: the bytes of all blocks - ready, being built and compressed -
- * stay within `budget`, except that blocks in use (referenced) are never
- * freed, so the cache can exceed it by the blocks readers hold at once.
+ * and the bytes charged to it from outside (rs_cache_charge: the memfd
+ * snapshots of fs/snapshot.h) stay within `budget`, except that blocks in
+ * use (referenced) are never freed, so the cache can exceed it by the
+ * blocks readers hold at once.  When evicting every unreferenced block is
+ * not enough, the cache asks the owner of the charged bytes to give some
+ * back (rs_cache_set_reclaim).
+ * Eviction is least recently used first, except that blocks every byte of
+ * which reads have taken (rs_cache_mark_read) go before all others.
  * With `compress`, blocks leaving the hot half of the budget are kept LZ4-
  * compressed in the cold half when that saves at least an eighth; a hit on
  * a cold block decompresses it back.
@@ -39,6 +45,7 @@ typedef struct {
 	uint64_t cold_blocks;      /* held compressed */
 	uint64_t evictions;
 	uint64_t budget;
+	uint64_t charged;          /* rs_cache_charge'd bytes held */
 } rs_cache_stats;
 
 int rs_cache_new(rs_cache **out, uint64_t budget, bool compress);
@@ -53,7 +60,27 @@ bool rs_cache_has(rs_cache *c, uint64_t chunk, uint64_t index);
 const uint8_t *rs_block_data(const rs_block *b);
 uint64_t rs_block_len(const rs_block *b);
 void rs_cache_release(rs_cache *c, rs_block *b);
+/* A read took `bytes` of the block's bytes (a referenced block): true
+ * when that makes the reads' bytes reach the block's length (once). */
+bool rs_cache_mark_read(rs_cache *c, rs_block *b, uint64_t bytes);
 
 void rs_cache_get_stats(rs_cache *c, rs_cache_stats *s);
+
+/* Memory held outside the cache but counted in its budget.
+ *
+ * rs_cache_charge counts `bytes` in, evicting unreferenced blocks (then
+ * reclaiming, below) to make room: 0, or -ENOSPC, with nothing charged,
+ * when they do not fit beside the blocks in use and the charges that
+ * cannot be reclaimed.  rs_cache_uncharge gives bytes back.
+ *
+ * The reclaim callback, when set, is called with the cache's lock held
+ * whenever blocks alone cannot bring the cache within its budget: it
+ * frees up to (at least, if it can) `want` charged bytes and returns how
+ * many it freed, which the cache then stops counting (so the caller must
+ * not also uncharge them).  It must not call back into the cache. */
+typedef uint64_t (*rs_cache_reclaim)(void *arg, uint64_t want);
+void rs_cache_set_reclaim(rs_cache *c, rs_cache_reclaim fn, void *arg);
+int rs_cache_charge(rs_cache *c, uint64_t bytes);
+void rs_cache_uncharge(rs_cache *c, uint64_t bytes);
 
 #endif

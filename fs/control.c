@@ -51,10 +51,14 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 {
 	rs_cache_stats cs;
 	char *out = NULL, *exec = executor_json(fs);
+	char *pt = rs_passthrough_stats_json(fs->pt);
 	int n;
 
-	if (!exec)
+	if (!exec || !pt) {
+		free(exec);
+		free(pt);
 		return NULL;
+	}
 	rs_cache_get_stats(fs->blocks.cache, &cs);
 	n = asprintf(&out,
 		     "{\n"
@@ -66,12 +70,14 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     "  \"cache_misses\": %llu,\n"
 		     "  \"cache_bytes\": %llu,\n"
 		     "  \"cache_budget\": %llu,\n"
+		     "  \"cache_charged\": %llu,\n"
 		     "  \"cache_blocks\": %llu,\n"
 		     "  \"cache_cold_blocks\": %llu,\n"
 		     "  \"cache_evictions\": %llu,\n"
 		     "  \"prefetch_blocks\": %llu,\n"
 		     "  \"executor\": \"%s\",\n"
 		     "  \"executor_stats\": %s,\n"
+		     "  \"passthrough\": %s,\n"
 		     "  \"dtype\": \"%s\",\n"
 		     "  \"format\": \"%s\",\n"
 		     "  \"view_format\": \"%s\",\n"
@@ -87,17 +93,19 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)atomic_load(&fs->read_errors),
 		     (unsigned long long)cs.hits, (unsigned long long)cs.misses,
 		     (unsigned long long)cs.bytes, (unsigned long long)cs.budget,
+		     (unsigned long long)cs.charged,
 		     (unsigned long long)cs.blocks,
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
-		     rs_executor_name(fs->blocks.exec), exec,
+		     rs_executor_name(fs->blocks.exec), exec, pt,
 		     fs->layout.dtype ? rs_dtype_name(fs->layout.dtype) : "stored",
 		     fs->ck.format->name,
 		     fs->view_format->name,
 		     fs->layout.src_tp, fs->layout.tp, fs->layout.pp,
 		     fs->tree.count, rs_sources_count(fs->ck.sources));
 	free(exec);
+	free(pt);
 	if (n < 0)
 		return NULL;
 	*len = (size_t)n;

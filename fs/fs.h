@@ -18,7 +18,9 @@
 
 #include "formats/open.h"
 #include "fs/blocks.h"
+#include "fs/passthrough.h"
 #include "fs/prefetch.h"
+#include "fs/snapshot.h"
 #include "planner/layout.h"
 #include "planner/vtree.h"
 
@@ -38,6 +40,10 @@ struct rs_fs {
 	 * exec and cache owned here (made in main, freed at teardown). */
 	rs_blocks blocks;
 	rs_prefetch *prefetch;
+	/* Passthrough (fs/passthrough.h) and its memfd snapshots, made in
+	 * main after the cache. */
+	rs_snapshots *snapshots;
+	rs_passthrough *pt;
 	fuse_ino_t ctl_ino, stats_ino;
 	const rs_format_def *view_format;
 	_Atomic uint64_t bytes_served;
@@ -50,8 +56,8 @@ struct rs_fs {
 	rs_open_file *open_files;       /* every record not yet released */
 };
 
-/* State of one open file (fuse_file_info.fh): for a view file, where the
- * last read ended and how far ahead prefetch has been asked, to spot
+/* State of one open file (fuse_file_info.fh): for a view file, how it is
+ * served (the read path or passthrough), where the last read ended and how far ahead prefetch has been asked, to spot
  * sequential readers (races between reads on one handle only blur the
  * guess); for the stats file, the text generated at open.  Records are
  * kept on a list so that those the kernel never releases (files still open
@@ -60,6 +66,7 @@ typedef struct rs_open_file {
 	struct rs_open_file *prev, *next;
 	char *text;                     /* the stats file's JSON, else NULL */
 	uint32_t node;
+	rs_pt_open pt;                  /* how a view file is served */
 	_Atomic uint64_t last_end;
 	_Atomic uint64_t prefetched_to;
 	/* This file follows, in readdir order, the last file read to its

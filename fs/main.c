@@ -228,6 +228,8 @@ static void teardown(rs_fs *fs)
 	rs_open_files_free_all(fs);
 	pthread_mutex_destroy(&fs->open_lock);
 	rs_prefetch_stop(fs->prefetch);
+	rs_passthrough_free(fs->pt);
+	rs_snapshots_free(fs->snapshots);
 	rs_cache_free(fs->blocks.cache);
 	rs_executor_destroy(fs->blocks.exec);
 	rs_vtree_free(&fs->tree);
@@ -335,7 +337,11 @@ int main(int argc, char *argv[])
 			fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
 	}
-	if (rs_cache_new(&fs.blocks.cache, o.cache_size, o.cache_compress) != 0) {
+	if (rs_cache_new(&fs.blocks.cache, o.cache_size, o.cache_compress) != 0 ||
+	    rs_snapshots_new(&fs.snapshots, &fs.blocks, &fs.tree,
+			     o.passthrough_max) != 0 ||
+	    rs_passthrough_new(&fs.pt, o.passthrough, &fs.tree, fs.ck.sources,
+			       fs.snapshots) != 0) {
 		fprintf(stderr, "reshardfs: out of memory\n");
 		goto out_fs;
 	}
@@ -357,6 +363,11 @@ int main(int argc, char *argv[])
 		goto out_session;
 	if (fuse_session_mount(se, cmd.mountpoint) != 0)
 		goto out_signals;
+	/* Before the loop reads the kernel's INIT. */
+	if (rs_passthrough_attach(fs.pt, se) != 0) {
+		fprintf(stderr, "reshardfs: cannot hook /dev/fuse for passthrough\n");
+		goto out_unmount;
+	}
 	if (!cmd.foreground)
 		rs_log_to_syslog();
 	fuse_daemonize(cmd.foreground);

@@ -271,8 +271,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, n ? EISDIR : ENOENT);
 		return;
 	}
-	/* A changed source: fail now rather than serve cached pages of it. */
+	/* A changed source: fail now rather than serve cached pages of it
+	 * (or a snapshot of it). */
 	if (rs_fs_check_sources(fs, n) != 0) {
+		rs_passthrough_forget(fs->pt, (uint32_t)(ino - 1));
 		fuse_reply_err(req, EIO);
 		return;
 	}
@@ -283,9 +285,19 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	fi->fh = (uint64_t)(uintptr_t)of;
-	fi->keep_cache = 1;
-	if (fuse_reply_open(req, fi) != 0)   /* interrupted: no release follows */
+	/* Passthrough (fs/passthrough.h), or the read path, whose pages the
+	 * kernel keeps across opens (the kernel refuses keep_cache with
+	 * passthrough). */
+	rs_passthrough_open(fs->pt, of->node, &of->pt);
+	fi->keep_cache = of->pt.kind == RS_OPEN_READ;
+	rs_passthrough_reply_begin(&of->pt, fi->fh);
+	int err = fuse_reply_open(req, fi);
+
+	rs_passthrough_reply_end();
+	if (err != 0) {   /* interrupted: no release follows */
+		rs_passthrough_close(fs->pt, of->node, &of->pt);
 		rs_open_file_release(fs, of);
+	}
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -329,8 +341,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_release(fuse_req_t req, fuse_ino_t ino,
 		       struct fuse_file_info *fi)
 {
-	(void)ino;
-	rs_open_file_release(fs_of(req), (rs_open_file *)(uintptr_t)fi->fh);
+	rs_fs *fs = fs_of(req);
+	rs_open_file *of = (rs_open_file *)(uintptr_t)fi->fh;
+
+	if (ino != fs->stats_ino)
+		rs_passthrough_close(fs->pt, of->node, &of->pt);
+	rs_open_file_release(fs, of);
 	fuse_reply_err(req, 0);
 }
 

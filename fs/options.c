@@ -341,6 +341,30 @@ int rs_options_validate(rs_options *o)
 			o->cache_size = v;
 		}
 	}
+	o->passthrough = true;
+	if (o->passthrough_s && strcmp(o->passthrough_s, "auto") != 0) {
+		if (strcmp(o->passthrough_s, "off") == 0) {
+			o->passthrough = false;
+		} else {
+			fprintf(stderr, "reshardfs: -o passthrough=%s: must be auto or off\n",
+				o->passthrough_s);
+			bad = -1;
+		}
+	}
+	o->passthrough_max = o->cache_size / 4;
+	if (o->passthrough_max_s) {
+		if (parse_size(o->passthrough_max_s, &v)) {
+			fprintf(stderr, "reshardfs: -o passthrough_max=%s: must be a size (bytes, or with K, M, G, T)\n",
+				o->passthrough_max_s);
+			bad = -1;
+		} else if (v > o->cache_size) {
+			fprintf(stderr, "reshardfs: -o passthrough_max=%s: must be at most cache_size (%llu bytes): snapshots are held in the cache's budget\n",
+				o->passthrough_max_s, (unsigned long long)o->cache_size);
+			bad = -1;
+		} else {
+			o->passthrough_max = v;
+		}
+	}
 	if (o->format_s) {
 		o->view_format = rs_format_find_view(o->format_s);
 		if (!o->view_format) {

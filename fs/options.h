@@ -64,6 +64,14 @@
 	  "layout of the view: zarr, torch_dist, megatron\n"                  \
 	  "(per-rank .pt) or safetensors (default: the\n"                     \
 	  "source's own; safetensors for metaseq shards)")                    \
+	X(STR, "passthrough", passthrough_s, "MODE",                          \
+	  "auto (default): the kernel reads view files without\n"              \
+	  "the daemon where it can (FUSE passthrough: Linux\n"                \
+	  ">= 6.9, CAP_SYS_ADMIN), from memfd snapshots built\n"            \
+	  "at open; off: every read through the daemon")                      \
+	X(STR, "passthrough_max", passthrough_max_s, "SIZE",                  \
+	  "largest view file built into a memfd snapshot\n"                  \
+	  "(default: a quarter of cache_size)")                               \
 	X(STR, "cache_compress", cache_compress_s, "ALG",                     \
 	  "lz4: keep colder cached blocks LZ4-compressed;\n"                  \
 	  "none (default): keep every cached block raw")                      \
@@ -86,6 +94,8 @@ typedef struct {
 	rs_layout_opts layout;
 	uint64_t cache_size;
 	uint64_t max_tensors, max_metadata;     /* 0: the defaults */
+	bool passthrough;       /* passthrough=auto */
+	uint64_t passthrough_max;
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */

@@ -28,7 +28,42 @@ struct rs_prefetch {
 	unsigned head, count;
 	bool stop;
 	_Atomic uint64_t blocks;
+	/* One bit per block of the tree's chunks, set once reads took the
+	 * block whole; chunk i's blocks start at bit first[i] (chunk ids are
+	 * their indices in the tree). */
+	uint64_t *first;
+	size_t nchunks;
+	_Atomic uint64_t *read_whole;
 };
+
+static uint64_t nblocks(const rs_chunk *c)
+{
+	return (c->size + RS_BLOCK_SIZE - 1) / RS_BLOCK_SIZE;
+}
+
+static bool was_read_whole(rs_prefetch *p, const rs_chunk *c, uint64_t b)
+{
+	uint64_t bit;
+
+	if (c->id >= p->nchunks || b >= nblocks(c))
+		return false;
+	bit = p->first[c->id] + b;
+
+	return atomic_load_explicit(&p->read_whole[bit / 64],
+				    memory_order_relaxed) & (1ull << (bit % 64));
+}
+
+void rs_prefetch_read_whole(rs_prefetch *p, const rs_chunk *c,
+			    uint64_t index)
+{
+	uint64_t bit;
+
+	if (!p || c->id >= p->nchunks || index >= nblocks(c))
+		return;
+	bit = p->first[c->id] + index;
+	atomic_fetch_or_explicit(&p->read_whole[bit / 64], 1ull << (bit % 64),
+				 memory_order_relaxed);
+}
 
 static bool same(const request *a, const request *b)
 {
@@ -107,7 +142,8 @@ static uint64_t window_in_file(rs_prefetch *p, const rs_vnode *n,
 			uint64_t last = (s->u.tensor.offset + hi - 1) / RS_BLOCK_SIZE;
 
 			for (uint64_t b = first; b <= last; b++) {
-				if (rs_cache_has(p->fs->blocks.cache, c->id, b))
+				if (was_read_whole(p, c, b) ||
+				    rs_cache_has(p->fs->blocks.cache, c->id, b))
 					continue;
 				r.chunk = c;
 				r.index = b;
@@ -175,12 +211,24 @@ uint64_t rs_prefetch_blocks(const rs_prefetch *p)
 int rs_prefetch_start(rs_prefetch **out, rs_fs *fs, unsigned threads)
 {
 	rs_prefetch *p = calloc(1, sizeof(*p));
+	const rs_vtree *t = &fs->tree;
+	uint64_t bits = 0;
 
 	if (!p)
 		return -ENOMEM;
 	p->fs = fs;
+	p->first = calloc(t->nchunks ? t->nchunks : 1, sizeof(*p->first));
+	for (size_t i = 0; p->first && i < t->nchunks; i++) {
+		p->first[i] = bits;
+		bits += nblocks(t->chunks[i]);
+	}
+	p->nchunks = t->nchunks;
+	p->read_whole = calloc(bits / 64 + 1, sizeof(*p->read_whole));
 	p->threads = calloc(threads ? threads : 1, sizeof(pthread_t));
-	if (!p->threads) {
+	if (!p->first || !p->read_whole || !p->threads) {
+		free(p->first);
+		free((void *)p->read_whole);
+		free(p->threads);
 		free(p);
 		return -ENOMEM;
 	}
@@ -212,5 +260,7 @@ void rs_prefetch_stop(rs_prefetch *p)
 	pthread_cond_destroy(&p->cond);
 	pthread_mutex_destroy(&p->lock);
 	free(p->threads);
+	free(p->first);
+	free((void *)p->read_whole);
 	free(p);
 }

@@ -17,7 +17,13 @@
  *
  * Requests never block the caller: the queue is bounded and a full queue
  * drops the request (prefetch is advice).  Blocks already cached or being
- * built are skipped.  Prefetched blocks live in the cache under its budget
+ * built are skipped, and so are blocks reads have taken whole before
+ * (rs_prefetch_read_whole): their bytes are in the readers' page cache,
+ * and building one again after the cache let it go is a second read of
+ * its sources that no reader asked for (with 4 ranks reading a
+ * torch_dist view through a 256 MiB cache, prefetch windows that ran into
+ * the next files in readdir order rebuilt blocks other ranks had read:
+ * BENCHMARKS.md).  Prefetched blocks live in the cache under its budget
  * like any other.
  *
  * Thread safety: rs_prefetch_window may be called from any thread.
@@ -46,6 +52,10 @@ void rs_prefetch_window(rs_prefetch *p, uint32_t node, uint64_t from,
 
 /* The file before `node` in its directory's readdir order, or UINT32_MAX. */
 uint32_t rs_prefetch_prev_sibling(const rs_vtree *t, uint32_t node);
+
+/* A read took every byte of block `index` of chunk c. */
+void rs_prefetch_read_whole(rs_prefetch *p, const rs_chunk *c,
+			    uint64_t index);
 
 /* Blocks built ahead of readers so far. */
 uint64_t rs_prefetch_blocks(const rs_prefetch *p);

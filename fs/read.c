@@ -191,6 +191,8 @@ static int add_tensor(rs_fs *fs, reply *r, const rs_segment *s,
 			return err;
 		}
 		take = rs_block_len(blk) - in < len ? rs_block_len(blk) - in : len;
+		if (rs_cache_mark_read(fs->blocks.cache, blk, take))
+			rs_prefetch_read_whole(fs->prefetch, c, index);
 		err = add_mem(r, rs_block_data(blk) + in, take);
 		if (err)
 			return err;

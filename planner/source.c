@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/openat2.h>
+#include <sys/ioctl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +219,20 @@ int rs_sources_verify(rs_sources *s, uint32_t index)
 		return -EIO;
 	rs_file_id_from_stat(&now, &st);
 	return same_id(&now, &s->files[index].id) ? 0 : -ESTALE;
+}
+
+int rs_sources_immutable(rs_sources *s, uint32_t index)
+{
+	int fd, flags = 0, err = rs_sources_fd(s, index, &fd);
+
+	if (err)
+		return err;
+	if (ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0)
+		return errno == ENOTTY || errno == EOPNOTSUPP ? 0 : -errno;
+	err = rs_sources_verify(s, index);
+	if (err)
+		return err;
+	return (flags & FS_IMMUTABLE_FL) != 0;
 }
 
 int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off)

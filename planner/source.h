@@ -72,6 +72,14 @@ int rs_sources_fd(rs_sources *s, uint32_t index, int *fd);
  * the file as recorded.  0, or -ESTALE when its identity changed. */
 int rs_sources_verify(rs_sources *s, uint32_t index);
 
+/* Whether the file is immutable (FS_IMMUTABLE_FL, chattr +i) as well as
+ * still the recorded one: 1, 0, or -errno (-ESTALE when its identity
+ * changed).  The flag is read before the identity is checked, so a 1
+ * means the file was immutable and unchanged since it was recorded (a
+ * chattr moves the ctime): nobody without CAP_LINUX_IMMUTABLE can write,
+ * truncate, rename over or remove it while the flag stays. */
+int rs_sources_immutable(rs_sources *s, uint32_t index);
+
 /* Reads exactly `len` bytes at `off` of fd: -EIO when the file ends first
  * or a read fails, never a short read (EINTR is retried). */
 int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off);

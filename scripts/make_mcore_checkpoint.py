@@ -4,14 +4,20 @@
 Usage:
     python make_mcore_checkpoint.py OUTDIR [--tp T] [--backend zarr|torch_dist]
                                    [--verify-load] [--with-optimizer] [--seed S]
-                                   [--hidden H] [--vocab V]
-    python make_mcore_checkpoint.py DUMP --tp T --load-from CKPT [--hidden H]
-                                   [--vocab V]
+                                   [MODEL SIZE]
+    python make_mcore_checkpoint.py DUMP --tp T --load-from CKPT [MODEL SIZE]
+                                   [--timing]
+
+MODEL SIZE: --layers, --hidden, --ffn, --heads, --groups, --vocab (default
+the tiny model below).  With --timing a load writes DUMP.<rank>.json (the
+load's wall time between two barriers, the bytes the rank read, its peak
+RSS) instead of the tensors, and the model is built without initialising
+its weights (the load overwrites them): what scripts/bench_mcore measures.
 
 Spawns T processes (torch.multiprocessing), joins them with torch.distributed
 over gloo on 127.0.0.1, builds a tiny GPTModel (2 layers, hidden 64, ffn 128,
 8 heads, 4 query groups (GQA), SwiGLU, RMSNorm, RoPE, vocab 1000 padded per
-Megatron rules; --hidden and --vocab make it smaller, ffn being 2 x hidden) at tensor-parallel size T with the local (non-TE) layer spec,
+Megatron rules) at tensor-parallel size T with the local (non-TE) layer spec,
 and saves its sharded_state_dict with megatron.core.dist_checkpointing.save.
 
 Needs: torch (the PyPI CUDA build works without a GPU), megatron-core <= 0.15.x
@@ -61,20 +67,27 @@ def pad_vocab(vocab_size, tp, divisible_by=128):
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def build_model(tp, seed, hidden=64, vocab=1000):
+# The tiny model of the tests: 2 layers, hidden 64, ffn 128, 8 heads, 4
+# query groups, vocab 1000.  ffn None: twice the hidden size.
+TINY = dict(layers=2, hidden=64, ffn=None, heads=8, groups=4, vocab=1000)
+
+
+def build_model(tp, seed, size=None, init=True):
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
+    size = dict(size or TINY)
+    size["ffn"] = size["ffn"] or 2 * size["hidden"]
     torch.manual_seed(seed)
     config = TransformerConfig(
-        num_layers=2,
-        hidden_size=hidden,
-        ffn_hidden_size=2 * hidden,
-        num_attention_heads=8,
-        num_query_groups=4,  # GQA, and TP up to 4
+        num_layers=size["layers"],
+        hidden_size=size["hidden"],
+        ffn_hidden_size=size["ffn"],
+        num_attention_heads=size["heads"],
+        num_query_groups=size["groups"],  # GQA, and TP up to 4
         gated_linear_unit=True,  # SwiGLU
         activation_func=F.silu,
         normalization="RMSNorm",
@@ -84,7 +97,7 @@ def build_model(tp, seed, hidden=64, vocab=1000):
         use_cpu_initialization=True,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        perform_initialization=True,
+        perform_initialization=init,
         params_dtype=torch.float32,
         bf16=False,
         fp16=False,
@@ -99,7 +112,7 @@ def build_model(tp, seed, hidden=64, vocab=1000):
     model = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=pad_vocab(vocab, tp),
+        vocab_size=pad_vocab(size["vocab"], tp),
         max_sequence_length=128,
         pre_process=True,
         post_process=True,
@@ -159,7 +172,7 @@ def optimizer_sharded_state_dict(model, model_sharded_sd, seed, vocab=1000):
 
 
 def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_optimizer=False,
-            hidden=64, vocab=1000):
+            size=None):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -174,11 +187,12 @@ def _worker(rank, world_size, port, outdir, backend, verify_load, seed, with_opt
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
 
-    model = build_model(world_size, seed, hidden, vocab)
+    model = build_model(world_size, seed, size)
     sharded_sd = model.sharded_state_dict(prefix="")
     if with_optimizer:
         # step first (changes the weights), then rebuild the model part
-        opt_sd, loss = optimizer_sharded_state_dict(model, sharded_sd, seed, vocab)
+        opt_sd, loss = optimizer_sharded_state_dict(model, sharded_sd, seed,
+                                                     (size or TINY)["vocab"])
         sharded_sd = model.sharded_state_dict(prefix="")
         if rank == 0:
             print(f"one AdamW step done, loss={loss:.4f}", flush=True)
@@ -249,9 +263,15 @@ def resolve_load_dir(path):
     return os.path.join(path, name)
 
 
-def _load_worker(rank, world_size, port, ckpt, dump, seed, hidden=64, vocab=1000):
+def _proc_io():
+    with open("/proc/self/io") as f:
+        return {k: int(v) for k, v in (ln.split(":") for ln in f if ":" in ln)}
+
+
+def _load_worker(rank, world_size, port, ckpt, dump, seed, size=None, timing=False):
     """Builds the model at tp=world_size, loads `ckpt` (zarr or torch_dist) into it with
-    megatron's own loader and writes each rank's tensors to dump.<rank>.npz."""
+    megatron's own loader and writes each rank's tensors to dump.<rank>.npz
+    (with `timing`: the load's figures to dump.<rank>.json)."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     _cpu_workarounds()
@@ -268,9 +288,14 @@ def _load_worker(rank, world_size, port, ckpt, dump, seed, hidden=64, vocab=1000
     )
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
-    model = build_model(world_size, seed + 1, hidden, vocab)  # different init: overwritten
+    # a different init (none when timing): it must be overwritten
+    model = build_model(world_size, seed + 1, size, init=not timing)
     ckpt = resolve_load_dir(ckpt)
     import json
+    import resource
+    import time
+    dist.barrier()
+    io0, t0 = _proc_io(), time.monotonic()
     with open(os.path.join(ckpt, "metadata.json")) as f:
         backend = json.load(f)["sharded_backend"]
     # zarr: the zarr-python strategy (the default one needs tensorstore);
@@ -278,10 +303,23 @@ def _load_worker(rank, world_size, port, ckpt, dump, seed, hidden=64, vocab=1000
     strategy = ZarrLoadShardedStrategy() if backend == "zarr" else None
     loaded = dist_checkpointing.load(model.sharded_state_dict(prefix=""), ckpt,
                                      sharded_strategy=strategy)
+    t1 = time.monotonic()
     model.load_state_dict(loaded, strict=False)
-    arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
-              if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
-    np.savez(f"{dump}.{rank}.npz", **arrays)
+    rank_s = time.monotonic() - t0
+    dist.barrier()
+    wall_s, io1 = time.monotonic() - t0, _proc_io()
+    if timing:
+        with open(f"{dump}.{rank}.json", "w") as f:
+            json.dump({"rank": rank, "load_s": wall_s, "rank_s": rank_s,
+                       "dist_load_s": t1 - t0,
+                       "rchar": io1["rchar"] - io0["rchar"],
+                       "read_bytes": io1["read_bytes"] - io0["read_bytes"],
+                       "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       "params": sum(p.numel() for p in model.parameters())}, f)
+    else:
+        arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
+                  if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+        np.savez(f"{dump}.{rank}.npz", **arrays)
     dist.barrier()
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
@@ -298,10 +336,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--with-optimizer", action="store_true",
                     help="take one AdamW step and also save the optimizer state")
-    ap.add_argument("--hidden", type=int, default=64,
-                    help="hidden size (a multiple of 8; ffn is twice it)")
-    ap.add_argument("--vocab", type=int, default=1000,
-                    help="vocabulary size before Megatron's padding")
+    for name, default in TINY.items():
+        ap.add_argument(f"--{name}", type=int, default=default,
+                        help=f"model size (default {default or 'twice --hidden'})")
+    ap.add_argument("--timing", action="store_true",
+                    help="with --load-from: write the load's time, bytes read "
+                         "and peak RSS to OUTDIR.<rank>.json, not its tensors")
     ap.add_argument("--load-from", metavar="CKPT",
                     help="instead of saving: load the checkpoint CKPT (an "
                          "iteration directory, or a root with its tracker "
@@ -311,10 +351,11 @@ def main(argv=None):
 
     import torch.multiprocessing as mp
 
+    size = {k: getattr(args, k) for k in TINY}
     if args.load_from:
         mp.spawn(_load_worker, args=(args.tp, _free_port(), os.path.abspath(args.load_from),
-                                     os.path.abspath(args.outdir), args.seed, args.hidden,
-                                     args.vocab),
+                                     os.path.abspath(args.outdir), args.seed, size,
+                                     args.timing),
                  nprocs=args.tp, join=True)
         return 0
 
@@ -324,7 +365,7 @@ def main(argv=None):
 
     port = _free_port()
     mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed,
-                               args.with_optimizer, args.hidden, args.vocab),
+                               args.with_optimizer, size),
              nprocs=args.tp, join=True)
 
 

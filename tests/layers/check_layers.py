@@ -12,8 +12,8 @@ Rules, for every project #include "dir/..." in a file under a layer:
                        planner/  (never another format, never the table)
   formats/ (top)       formats/, planner/
   fs/                  anything
-and: <fuse*.h> only in fs/, never in the FUSE-free fs/blocks.*, fs/cache.*
-or fs/log.*; `RS_HAVE_CUDA` tested in gpu/executor.c alone.
+and: <fuse*.h> only in fs/, never in the FUSE-free fs/blocks.*, fs/cache.*,
+fs/log.* or fs/snapshot.*; `RS_HAVE_CUDA` tested in gpu/executor.c alone.
 """
 import re
 import sys
@@ -21,7 +21,7 @@ from pathlib import Path
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^>"]+)[>"]', re.M)
 LAYERS = ("planner", "formats", "gpu", "fs")
-FUSE_FREE = ("fs/blocks.", "fs/cache.", "fs/log.")
+FUSE_FREE = ("fs/blocks.", "fs/cache.", "fs/log.", "fs/snapshot.")
 
 
 def allowed(rel, target):

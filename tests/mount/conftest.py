@@ -56,6 +56,14 @@ def extra_mount_opts():
     return [o for o in extra.split(",") if o]
 
 
+def bytes_delivered(st):
+    """The view bytes a daemon produced for readers, from its stats file:
+    read-path replies (``bytes_served``) plus the bytes of the snapshots
+    built for passthrough opens, whose reads never reach the daemon
+    (fs/passthrough.h)."""
+    return st["bytes_served"] + st["passthrough"]["snapshots"]["bytes_built"]
+
+
 def daemon_path():
     return os.environ.get("RESHARDFS_BIN") or str(REPO / "build" / "reshardfs")
 

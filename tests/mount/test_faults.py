@@ -4,6 +4,15 @@ byte, bounded memory).
 The rule for every read: EIO, or exactly the oracle's bytes.  Never stale
 bytes, never zeros, never a short read except at the end of the file.
 
+Each test runs in each way a view file can be served (MODES): the read
+path (passthrough=off), and snapshots read by the kernel
+(passthrough=auto with room for the files: fs/passthrough.h).  A snapshot
+holds the bytes the source held when it was built, so a file already open
+before a change keeps reading them, where the read path gives EIO; every
+open after a change gives EIO in both.  Whole source files passed
+through because they are immutable (the third way) are tested by
+test_immutable_source: they cannot change while the flag stays.
+
 * A source chunk truncated, rewritten in place or replaced by a rename while
   mounted: reads of the view files built from it fail with EIO and a log
   line; the others still read right.
@@ -57,8 +66,36 @@ FAULT_MODEL = dict(layers=1, hidden=1024, ffn=4096, heads=8, groups=4,
 # Seconds each in-flight test runs its writer against its readers.
 RACE_SECONDS = float(os.environ.get("RESHARDFS_FAULT_SECONDS", "4"))
 
+# The ways a view file is served, as mount options (the snapshot default
+# cache, 1 GiB, has room for every file; mode_opts() narrows it).
+MODES = {"read": ["passthrough=off"], "snapshot": ["passthrough=auto"]}
 
-def stats(mnt):
+
+def mode_opts(mode, *opts):
+    """Options for a mount in `mode`: the read path's with `opts` as given;
+    snapshot's with a 2 MiB cache instead (snapshots of the 1 MiB files,
+    passthrough_max 1M, two at a time) so that passthrough is what the
+    test exercises and snapshots keep being built."""
+    opts = list(opts)
+    if mode == "snapshot":
+        opts = [o for o in opts if not o.startswith("cache_size=")]
+        opts += ["cache_size=2M", "passthrough_max=1M"]
+    return opts + MODES[mode]
+
+
+def check_mode(m, mode):
+    """The mount serves files the way `mode` says (skips snapshot where the
+    kernel or the daemon's privileges do not allow passthrough)."""
+    p = stats(m)["passthrough"]
+    if mode == "snapshot" and not p["active"]:
+        pytest.skip(f"passthrough not available: {p['inactive_because']}")
+    if mode == "read":
+        assert not p["active"], p
+
+
+def stats(m):
+    """The stats file of a mount (a Mount, or its mount point)."""
+    mnt = getattr(m, "mnt", m)
     return json.loads((Path(mnt) / ".reshardfs" / "stats").read_bytes())
 
 
@@ -158,18 +195,22 @@ CHANGES = {"truncate": _truncate, "rewrite": _rewrite,
            "rewrite_mtime_kept": _rewrite_mtime_kept, "replace": _replace}
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("key", [COL, ROW], ids=["column", "row"])
 @pytest.mark.parametrize("change", sorted(CHANGES))
-def test_changed_source_gives_eio(fault_ckpt, mount, tmp_path, change, key):
+def test_changed_source_gives_eio(fault_ckpt, mount, tmp_path, change, key,
+                                  mode):
     src, exp = fault_ckpt
     source_rel = f"{key}/0.0.0"
     hit, miss = affected(exp, key, source_rel)
     other = [r for r in exp.files if r.startswith(
         "decoder.layers.self_attention.linear_qkv.weight/")][:3]
     want = {rel: exp.read(rel) for rel in hit + miss + other}
-    m = mount(src, ["tp=8"])
-    # Read a file first: its blocks are cached and an open handle has
-    # pages in the kernel's cache; neither may hide the change.
+    m = mount(src, ["tp=8"] + MODES[mode])
+    check_mode(m, mode)
+    # Read a file first: its blocks are cached (its snapshot built) and an
+    # open handle has pages in the kernel's cache (reads the snapshot);
+    # none of it may hide the change from a new open.
     held = os.open(m.mnt / hit[0], os.O_RDONLY | os.O_DIRECT)
     assert read_direct(m.mnt / hit[0]) == want[hit[0]]
 
@@ -179,13 +220,63 @@ def test_changed_source_gives_eio(fault_ckpt, mount, tmp_path, change, key):
         assert_eio(lambda: read_file(m.mnt / rel), f"{rel} (open after)")
         assert_eio(lambda: read_direct(m.mnt / rel), f"{rel} (O_DIRECT)")
     buf = mmap.mmap(-1, 65536)
-    assert_eio(lambda: os.preadv(held, [buf], 0), f"{hit[0]} (held open)")
+    if mode == "read":
+        assert_eio(lambda: os.preadv(held, [buf], 0), f"{hit[0]} (held open)")
+    else:
+        # opened before the change: the snapshot's bytes, as built
+        assert os.preadv(held, [buf], 0) == 65536
+        assert buf[:] == want[hit[0]][:65536], f"{hit[0]} (held open)"
     os.close(held)
     for rel in miss + other:
         assert read_file(m.mnt / rel) == want[rel], rel
         assert read_direct(m.mnt / rel) == want[rel], rel
     log = m.log()
     assert f"{source_rel}: source changed since mount" in log, log[-2000:]
+
+
+# ------------------------- an immutable source passed through as it is
+
+def test_immutable_source(tmp_path, mount):
+    """At tp=2 of a tp=2 checkpoint a chunk file is one whole source file;
+    made immutable before the mount it is passed through to the source
+    itself.  Nothing can change it then: truncating, writing, renaming over
+    or removing it fail with EPERM, and every read stays right.  Clearing
+    the flag (CAP_LINUX_IMMUTABLE) moves its ctime: every later open gives
+    EIO.  (A file already open keeps reading the source directly: the one
+    read the daemon can no longer vouch for, documented in SECURITY.md.)"""
+    src = tmp_path / "ckpt"
+    make_checkpoint(str(src), 2, **FAULT_MODEL)
+    exp = ExpectedView(src, 2)
+    rel = f"{COL}/0.0.0"
+    path = src / rel
+    want = exp.read(rel)
+    r = subprocess.run(["chattr", "+i", str(path)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"chattr +i: {r.stderr.strip()}")
+    try:
+        m = mount(src, ["tp=2"])
+        check_mode(m, "snapshot")
+        held = open(m.mnt / rel, "rb")
+        assert held.read() == want
+        assert stats(m)["passthrough"]["opens"]["source"] == 1
+        new = tmp_path / "new"
+        new.write_bytes(flipped(want))
+        for attempt in (lambda: os.truncate(path, 10),
+                        lambda: open(path, "r+b"),
+                        lambda: os.rename(new, path),
+                        lambda: os.unlink(path)):
+            with pytest.raises(OSError) as e:
+                attempt()
+            assert e.value.errno == errno.EPERM, e.value
+        held.seek(0)
+        assert held.read() == want
+        assert read_direct(m.mnt / rel) == want
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+        assert_eio(lambda: read_file(m.mnt / rel), f"{rel} (after chattr -i)")
+        held.close()
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 # ---------------------------------------------- a source changed mid-read
@@ -401,14 +492,18 @@ def source_range(exp, rel, source_rel):
     return (j % n) * per, (j % n + 1) * per
 
 
+@pytest.mark.parametrize("serve", sorted(MODES))
 @pytest.mark.parametrize("mode", ["truncate", "rewrite", "replace"])
 @pytest.mark.parametrize("key", [COL, ROW], ids=["column", "row"])
-def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode):
+def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode,
+                                     serve):
     """Readers against a writer that changes the source while they read
     and puts it back: every read is EIO or right; once changed, the file
     stays EIO in that mount though its bytes and mtime are back (its ctime
     is not); a new mount of the restored source reads right.  Each round
-    is a fresh mount, so the change races reads again and again."""
+    is a fresh mount, so the change races reads again and again: in snapshot
+    mode it races snapshot builds (a 2 MiB budget holds two of the 1 MiB
+    files, so the readers' opens keep building them anew)."""
     src, exp = fault_ckpt
     source_rel = f"{key}/0.0.0"
     hit, _ = affected(exp, key, source_rel)
@@ -424,12 +519,15 @@ def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode):
         # A 1 MiB cache holds one block: the row files, read in turn,
         # keep evicting each other, so blocks are rebuilt while the
         # source changes.
-        m = mount(src, ["tp=8", "cache_size=1M"])
+        m = mount(src, ["tp=8"] + mode_opts(serve, "cache_size=1M"))
         if totals["cycles"] == 0:
+            check_mode(m, serve)
             for rel in hit:
                 assert read_direct(m.mnt / rel) == want[rel], rel
-            st = stats(m.mnt)
-            if key == COL:
+            st = stats(m)
+            if serve == "snapshot":
+                assert st["passthrough"]["snapshots"]["builds"] > 0, st
+            elif key == COL:
                 assert st["cache_misses"] == 0, st   # from the source
             else:
                 assert st["cache_misses"] > 0, st    # built into the cache
@@ -454,11 +552,11 @@ def test_source_changes_during_reads(fault_ckpt, mount, tmp_path, key, mode):
             assert e.value.errno == errno.EIO, rel
         m.unmount()
         changer.finish()
-    print(f"{key} {mode}: {totals}")
+    print(f"{key} {mode} {serve}: {totals}")
     assert not bad, f"{totals}: " + "\n".join(bad[:10])
     assert totals["ok"] > 0 and totals["eio"] > 0, totals
     # The source is as it was: a new mount reads every byte right.
-    m = mount(src, ["tp=8", "cache_size=1M"])
+    m = mount(src, ["tp=8"] + mode_opts(serve, "cache_size=1M"))
     for rel in hit:
         assert read_direct(m.mnt / rel) == want[rel], rel
         assert read_file(m.mnt / rel) == want[rel], rel
@@ -540,13 +638,18 @@ def read_range_direct(path, off, n):
         os.close(fd)
 
 
-def test_source_read_error(fault_ckpt, errfs, mount):
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_source_read_error(fault_ckpt, errfs, mount, mode):
     """errfs fails a few bytes of one source chunk: the reads that need
     them give EIO and a log line, everything else reads right, and once
-    the error is gone every file reads right (no failure was cached)."""
+    the error is gone every file reads right (no failure was cached).  In
+    snapshot mode the snapshot build of a file meeting the error fails, and
+    its opens fall back to the read path, where only the reads that need
+    the failing bytes fail; once the error is gone they are snapshots."""
     src, exp = fault_ckpt
     e = errfs(src)
-    m = mount(e.mnt, ["tp=8", "cache_size=1M"])
+    m = mount(e.mnt, ["tp=8"] + mode_opts(mode, "cache_size=1M"))
+    check_mode(m, mode)
     col = [f"{COL}/0.{j}.0" for j in range(4)]     # 1 MiB ranges of 0.0.0
     row = [f"{ROW}/0.0.{k}" for k in range(4)]     # 1 KiB of each 4 KiB row
     want = {rel: exp.read(rel) for rel in col + row}
@@ -581,17 +684,24 @@ def test_source_read_error(fault_ckpt, errfs, mount):
     for rel in (row[0], row[1], row[3]):
         assert read_direct(m.mnt / rel) == want[rel], rel
 
+    if mode == "snapshot":
+        p = stats(m)["passthrough"]
+        assert p["fallbacks"]["build_failed"] > 0, p
+        built = p["snapshots"]["builds"]
     e.fail(None)
     for rel in col + row:
         assert read_direct(m.mnt / rel) == want[rel], rel
         assert read_file(m.mnt / rel) == want[rel], rel
+    if mode == "snapshot":
+        assert stats(m)["passthrough"]["snapshots"]["builds"] > built
     assert "errfs: EIO" in e.log()
     log = m.log()
     assert f"read of {col[1].split('/')[-1]} at" in log and \
         "Input/output error" in log, log[-2000:]
 
 
-def test_source_read_error_mapped(fault_ckpt, errfs, mount):
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_source_read_error_mapped(fault_ckpt, errfs, mount, mode):
     """errfs through the kernel's page cache (kernel_cache), so the
     daemon's strided gathers map the source and an I/O error arrives as
     SIGBUS: the reads built from the failing file give EIO, the rest read
@@ -599,7 +709,8 @@ def test_source_read_error_mapped(fault_ckpt, errfs, mount):
     src, exp = fault_ckpt
     e = errfs(src, ["kernel_cache"])
     e.fail(f"{ROW}/0.0.0")              # before anything reads it
-    m = mount(e.mnt, ["tp=8", "cache_size=1M"])
+    m = mount(e.mnt, ["tp=8"] + mode_opts(mode, "cache_size=1M"))
+    check_mode(m, mode)
     hit, miss = affected(exp, ROW, f"{ROW}/0.0.0")
     col = [f"{COL}/0.{j}.0" for j in range(4)]
     want = {rel: exp.read(rel) for rel in hit + miss + col}
@@ -666,13 +777,17 @@ def _open_and_read(path):
     return f
 
 
-def test_sigterm_with_open_files(fault_ckpt, mount):
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sigterm_with_open_files(fault_ckpt, mount, mode):
     """SIGTERM while files are held open: the daemon unmounts (libfuse
     detaches the mount, MNT_DETACH) and exits 0; reads of the open files
     that reach the daemon then fail with ENOTCONN, they do not hang (pages
-    already in the kernel's cache may still be read)."""
+    already in the kernel's cache may still be read).  A file open in
+    passthrough keeps reading its snapshot, which the kernel holds: the
+    right bytes, without the daemon."""
     src, exp = fault_ckpt
-    m = mount(src, ["tp=8"])
+    m = mount(src, ["tp=8"] + MODES[mode])
+    check_mode(m, mode)
     rel = f"{COL}/0.0.0"
     held = [_open_and_read(m.mnt / "common.pt")]
     fd = os.open(m.mnt / rel, os.O_RDONLY | os.O_DIRECT)
@@ -684,10 +799,14 @@ def test_sigterm_with_open_files(fault_ckpt, mount):
         m.unmounted = True
         assert rc == 0, m.log()
         assert not is_mounted(m.mnt)
-        with pytest.raises(OSError) as ei:
-            os.preadv(fd, [buf], 65536)
-        assert ei.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), \
-            ei.value
+        if mode == "snapshot":
+            assert os.preadv(fd, [buf], 65536) == 65536
+            assert buf[:] == exp.read(rel)[65536:2 * 65536]
+        else:
+            with pytest.raises(OSError) as ei:
+                os.preadv(fd, [buf], 65536)
+            assert ei.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), \
+                ei.value
     finally:
         for close in (lambda: os.close(fd), held[0].close):
             try:
@@ -743,17 +862,29 @@ def vm_hwm_kib(pid):
     raise AssertionError("no VmHWM")
 
 
-def test_memory_pressure(sample, mount):
-    """cache_size=1M and 32 threads reading every file of a tp=8 view of a
+# The cache of each way: the read path, and the default (snapshots of the
+# files up to 256 KiB, the read path for the others), at the 1 MiB
+# minimum; snapshot with room for 16 of the 1 MiB files at once.
+PRESSURE_OPTS = {"read": ["cache_size=1M", "passthrough=off"],
+                 "mixed": ["cache_size=1M"],
+                 "snapshot": ["cache_size=16M", "passthrough_max=1M"]}
+
+
+@pytest.mark.parametrize("mode", sorted(PRESSURE_OPTS))
+def test_memory_pressure(sample, mount, mode):
+    """A small cache and 32 threads reading every file of a tp=8 view of a
     tp=2 checkpoint at once (buffered and O_DIRECT, whole files and
-    ranges): every byte right, and the daemon's peak RSS bounded."""
+    ranges): every byte right, the daemon's peak RSS bounded, and its
+    snapshots' bytes within the cache's budget."""
     src = sample(2, layers=1, hidden=1024, ffn=4096, heads=8, groups=4,
                  vocab=4096)
     exp = ExpectedView(src, 8)
     digest = {rel: hashlib.sha256(exp.read(rel)).digest() for rel in exp.files}
     total = sum(exp.size(r) for r in exp.files)
     assert total > 2 * PRESSURE_RSS_MIB << 20, total
-    m = mount(src, ["tp=8", "cache_size=1M"])
+    m = mount(src, ["tp=8"] + PRESSURE_OPTS[mode])
+    if mode != "read":
+        check_mode(m, "snapshot")
     work = [(rel, k) for k in range(2) for rel in exp.files]
     random.Random(3).shuffle(work)
     lock = threading.Lock()
@@ -793,6 +924,12 @@ def test_memory_pressure(sample, mount):
     maps = Path(f"/proc/{m.pid}/maps").read_text()
     bound = PRESSURE_RSS_MIB * (8 if "libtsan" in maps or "libasan" in maps
                                 else 1)
-    print(f"memory pressure: {2 * total >> 20} MiB read, daemon VmHWM "
-          f"{hwm} MiB (bound {bound} MiB)")
+    st = stats(m)
+    held = st["passthrough"]["snapshots"]["bytes_peak"]
+    print(f"memory pressure ({mode}): {2 * total >> 20} MiB read, daemon "
+          f"VmHWM {hwm} MiB (bound {bound} MiB), snapshots' peak {held >> 20} "
+          f"MiB, opens {st['passthrough']['opens']}")
     assert hwm < bound, f"daemon VmHWM {hwm} MiB"
+    assert held <= st["cache_budget"], st
+    if mode != "read":
+        assert st["passthrough"]["opens"]["snapshot"] > 0, st

@@ -8,6 +8,8 @@ against the numpy oracle:
   random reader gets none;
 * readdirplus listings give exact sizes; security.* and system.* xattrs
   are "not supported" (so ls -l stops asking), user.* ones work.
+
+Every mount is passthrough=off: these are the daemon's own read paths.
 """
 import errno
 import json
@@ -20,6 +22,9 @@ import pytest
 
 from oracle import ExpectedView
 
+# Every mount here tests the daemon's read path: with passthrough, reads
+# would not reach it (tests/mount/test_passthrough.py).
+READ_PATH = "passthrough=off"
 FC2 = "decoder.layers.mlp.linear_fc2.weight"
 PROJ = "decoder.layers.self_attention.linear_proj.weight"
 
@@ -47,7 +52,7 @@ def test_long_strided_rows_skip_the_cache(sample, mount):
     src = sample(1, layers=1, hidden=8, ffn=65536, heads=2, groups=1,
                  vocab=256, divisor=8)
     exp = ExpectedView(src, 2)
-    m = mount(src, ["tp=2"])
+    m = mount(src, ["tp=2", READ_PATH])
     for key in (FC2, "optimizer.state.exp_avg." + FC2):
         read_array_files(m, exp, key)
     st = stats(m)
@@ -64,7 +69,8 @@ def mounted_state_view(sample, mount):
     4 MiB blocks built by the executor."""
     src = sample(1, layers=1, hidden=512, ffn=8192, heads=4, groups=2,
                  vocab=256, divisor=8)
-    return mount(src, ["tp=2", "cache_size=64M"]), ExpectedView(src, 2)
+    return mount(src, ["tp=2", "cache_size=64M", READ_PATH]), \
+        ExpectedView(src, 2)
 
 
 STATE = "optimizer.state.exp_avg." + FC2
@@ -122,7 +128,7 @@ def test_cp_r_prefetches_into_next_files(sample, mount, tmp_path):
 def test_listing_and_xattrs(sample, mount):
     src = sample(2)
     exp = ExpectedView(src, 8)
-    m = mount(src, ["tp=8"])
+    m = mount(src, ["tp=8", READ_PATH])
     out = subprocess.run(["ls", "-alR", "--time-style=+", str(m.mnt)],
                          check=True, capture_output=True, text=True).stdout
     sizes = {}

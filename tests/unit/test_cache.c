@@ -1,4 +1,6 @@
-/* Block cache: budget, LRU eviction, single flight, failed builds, lz4. */
+/* Block cache: budget, LRU eviction (blocks read whole first), single
+ * flight, failed builds, lz4; bytes charged from outside, and their
+ * reclaim. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -179,10 +181,124 @@ static void test_lz4_cold(void)
 	rs_cache_free(c);
 }
 
+/* A stand-in for fs/snapshot.c: `idle` charged bytes it can give back. */
+typedef struct {
+	uint64_t idle;
+	int calls;
+} reclaimer;
+
+static uint64_t give_back(void *arg, uint64_t want)
+{
+	reclaimer *r = arg;
+	uint64_t n = want < r->idle ? (want + LEN - 1) / LEN * LEN : r->idle;
+
+	n = n < r->idle ? n : r->idle;
+	r->idle -= n;
+	r->calls++;
+	return n;
+}
+
+static void test_charges(void)
+{
+	rs_cache *c;
+	rs_cache_stats s;
+	rs_block *b, *held;
+	reclaimer r = { 0 };
+
+	CHECK(rs_cache_new(&c, 8 * LEN, false) == 0);
+	/* A charge evicts unused blocks to fit. */
+	for (uintptr_t k = 0; k < 8; k++) {
+		CHECK(rs_cache_get(c, 4, k, LEN, fill, (void *)(2 * k), &b) == 0);
+		rs_cache_release(c, b);
+	}
+	CHECK(rs_cache_charge(c, 5 * LEN) == 0);
+	rs_cache_get_stats(c, &s);
+	CHECK(s.charged == 5 * LEN && s.bytes == 3 * LEN && s.evictions == 5);
+	/* Blocks in use and charges are not evicted: no room, nothing
+	 * charged. */
+	CHECK(rs_cache_get(c, 4, 100, LEN, fill, (void *)0, &held) == 0);
+	CHECK(rs_cache_charge(c, 3 * LEN) == -ENOSPC);
+	CHECK(rs_cache_charge(c, 9 * LEN) == -ENOSPC);
+	rs_cache_get_stats(c, &s);
+	CHECK(s.charged == 5 * LEN && s.bytes + s.charged <= 8 * LEN);
+	/* With a reclaim callback: charged bytes it gives back make room,
+	 * for charges and for blocks alike. */
+	r.idle = 5 * LEN;
+	rs_cache_set_reclaim(c, give_back, &r);
+	CHECK(rs_cache_charge(c, 4 * LEN) == 0);
+	rs_cache_get_stats(c, &s);
+	CHECK(r.calls >= 1 && s.bytes + s.charged <= 8 * LEN);
+	CHECK(s.charged == 5 * LEN - (5 * LEN - r.idle) + 4 * LEN);
+	/* Blocks evict blocks first, then reclaim: the held block and the one
+	 * being built leave room for no more. */
+	uint64_t idle = r.idle;
+
+	for (uintptr_t k = 0; k < 6; k++) {
+		CHECK(rs_cache_get(c, 5, k, LEN, fill, (void *)(2 * k), &b) == 0);
+		CHECK(same(b, 2 * k));
+		rs_cache_release(c, b);
+		rs_cache_get_stats(c, &s);
+		CHECK(s.bytes + s.charged <= 8 * LEN);
+	}
+	CHECK(r.idle < idle && s.charged == 4 * LEN + r.idle);
+	rs_cache_uncharge(c, 4 * LEN);
+	rs_cache_get_stats(c, &s);
+	CHECK(s.charged == r.idle);
+	rs_cache_release(c, held);
+	rs_cache_free(c);
+}
+
+/* Blocks every byte of which reads took go first, least recently used of
+ * them first; a block read only in part is kept (it would be built twice:
+ * see read_victim); then plain LRU.  Also with LZ4: a block read whole is
+ * dropped, not packed. */
+static void test_read_first(void)
+{
+	rs_cache *c;
+	rs_cache_stats st;
+	rs_block *b;
+
+	for (int compress = 0; compress < 2; compress++) {
+		CHECK(rs_cache_new(&c, 4 * LEN, compress) == 0);
+		for (uintptr_t k = 0; k < 4; k++) {
+			CHECK(rs_cache_get(c, 6, k, LEN, fill, (void *)(2 * k), &b) == 0);
+			if (k == 1 || k == 2)
+				rs_cache_mark_read(c, b, LEN);
+			if (k == 0)
+				rs_cache_mark_read(c, b, LEN / 2);
+			rs_cache_release(c, b);
+		}
+		if (compress) {
+			/* over the hot half: the blocks read whole went, the
+			 * others were packed */
+			rs_cache_get_stats(c, &st);
+			CHECK(!rs_cache_has(c, 6, 1) && !rs_cache_has(c, 6, 2));
+			CHECK(rs_cache_has(c, 6, 0) && rs_cache_has(c, 6, 3));
+			CHECK(st.evictions == 2);
+			rs_cache_free(c);
+			continue;
+		}
+		CHECK(rs_cache_get(c, 6, 4, LEN, fill, (void *)8, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(rs_cache_has(c, 6, 0) && !rs_cache_has(c, 6, 1) &&
+		      rs_cache_has(c, 6, 2) && rs_cache_has(c, 6, 3));
+		CHECK(rs_cache_get(c, 6, 5, LEN, fill, (void *)10, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(rs_cache_has(c, 6, 0) && !rs_cache_has(c, 6, 2));
+		/* no block read whole left: least recently used */
+		CHECK(rs_cache_get(c, 6, 6, LEN, fill, (void *)12, &b) == 0);
+		rs_cache_release(c, b);
+		CHECK(!rs_cache_has(c, 6, 0) && rs_cache_has(c, 6, 3));
+		rs_cache_free(c);
+	}
+}
+
 int main(void)
 {
 	test_budget_and_lru();
 	test_single_flight();
 	test_lz4_cold();
+	test_charges();
+	test_read_first();
 	return CHECK_DONE();
 }

@@ -1,0 +1,83 @@
+/* snapshot: whole view files materialised into sealed memfds.
+ *
+ * The FUSE-free half of passthrough (fs/passthrough.h hands a snapshot's
+ * file to the kernel, which then serves reads and mmap from it without the
+ * daemon).  A snapshot of view file `node` holds every byte of the file,
+ * assembled window by window (RS_BLOCK_SIZE bytes, written whole): literal
+ * bytes, zeros, source ranges read with pread, tensor ranges built block
+ * by block through the executor (rs_blocks_build_into); a window of
+ * nothing but zero segments is left a hole (it reads as zeros and takes
+ * no memory).  Every read of a source runs between two
+ * checks of the files it reads (rs_blocks_gather), as a block build
+ * does, so a snapshot holds the bytes the sources held as recorded at
+ * mount or the build fails (-ESTALE); nothing of a failed build is kept.
+ *
+ * A snapshot is a memfd, sealed once built (F_SEAL_WRITE, SHRINK, GROW,
+ * SEAL): not even the daemon can change its bytes afterwards.
+ *
+ * Memory: a snapshot's size is charged to the block cache's budget
+ * (rs_cache_charge) before it is built, so blocks and snapshots share
+ * cache_size.  Snapshots held by open files are never freed; the others
+ * stay, for the next open of their file, until the cache needs their
+ * bytes: it reclaims them least recently used first (rs_cache_reclaim).
+ * Builds of one file are single flight: a second open waits for the
+ * first one's build and shares it.  (Pages a reader keeps mapped after
+ * the snapshot is freed stay with its mapping, outside the budget.)
+ *
+ * Errors: 0 or a negative errno.  rs_snapshots_get: -E2BIG when the file
+ * is larger than the store's max_size; -ENOSPC when its bytes do not fit
+ * in the budget beside what open files hold; -ESTALE (logged by
+ * fs/blocks.c) when a source changed during the build; the build's own
+ * error otherwise (-EIO for a failed source read).
+ * Thread safety: every function may be called from any thread.
+ * Ownership: the store owns the snapshots and their descriptors; a caller
+ * owns one reference per successful rs_snapshots_get. */
+#ifndef RS_SNAPSHOT_H
+#define RS_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fs/blocks.h"
+#include "planner/vtree.h"
+
+typedef struct rs_snapshots rs_snapshots;
+typedef struct rs_snapshot rs_snapshot;
+
+typedef struct {
+	uint64_t files;          /* snapshots held (open or idle) */
+	uint64_t bytes;          /* their bytes (charged to the cache) */
+	uint64_t bytes_peak;     /* the most held at once */
+	uint64_t builds;         /* snapshots built */
+	uint64_t bytes_built;    /* bytes of view files built */
+	uint64_t build_ns;       /* time spent building */
+	uint64_t build_errors;   /* builds that failed */
+	uint64_t reuses;         /* gets served by a snapshot already held */
+	uint64_t evictions;      /* idle snapshots freed for the budget */
+} rs_snapshot_stats;
+
+/* A store for the files of `tree`, built through `blocks` (both borrowed:
+ * they must outlive the store), none larger than max_size bytes.  It
+ * registers itself as blocks->cache's reclaim callback. */
+int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
+		     const rs_vtree *tree, uint64_t max_size);
+/* Every reference must have been released.  NULL is a no-op. */
+void rs_snapshots_free(rs_snapshots *s);
+
+/* The snapshot of file `node`: held, or built now.  *reused (may be NULL)
+ * tells which. */
+int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
+		     bool *reused);
+void rs_snapshots_release(rs_snapshots *s, rs_snapshot *snap);
+
+/* The snapshot's sealed memfd (owned by the store) and its size. */
+int rs_snapshot_fd(const rs_snapshot *snap);
+uint64_t rs_snapshot_size(const rs_snapshot *snap);
+
+/* Frees the snapshot of `node` if no open file holds it (its sources
+ * changed: it will not be served again). */
+void rs_snapshots_drop(rs_snapshots *s, uint32_t node);
+
+void rs_snapshots_get_stats(rs_snapshots *s, rs_snapshot_stats *st);
+
+#endif

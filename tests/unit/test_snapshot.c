@@ -1,0 +1,308 @@
+/* memfd snapshots (fs/snapshot.h) without a mount: files of every segment
+ * kind (segments across window boundaries, a window of zeros only) built
+ * and compared with bytes computed here, sealed once built; reuse, single
+ * flight, the shared budget (-ENOSPC while open files hold it, reclaim of
+ * idle snapshots), -E2BIG, a source changed before a build (-ESTALE,
+ * nothing kept), and a dropped snapshot.
+ *
+ * The source holds one f32 tensor of ROWS x COLS in C order (element g has
+ * the bits g * 2654435761, so every element differs), stored as two row
+ * chunks one after the other. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fs/snapshot.h"
+#include "planner/catalog.h"
+#include "planner/plan.h"
+#include "tests/unit/check.h"
+#include "tests/unit/source_file.h"
+
+#define ROWS 2048u
+#define COLS 1024u
+#define MiB (1ull << 20)
+#define COL0 512u
+#define NCOLS 768u      /* 256 columns past the tensor: zeros */
+
+static char dir[64];
+
+static uint32_t bits(uint64_t g)
+{
+	return (uint32_t)(g * 2654435761u);
+}
+
+static uint8_t *make_content(void)
+{
+	uint8_t *p = malloc((size_t)ROWS * COLS * 4);
+
+	for (uint64_t g = 0; p && g < (uint64_t)ROWS * COLS; g++) {
+		uint32_t v = bits(g);
+
+		memcpy(p + g * 4, &v, 4);
+	}
+	return p;
+}
+
+/* Element e of the column shard [0, ROWS) x [COL0, COL0 + NCOLS). */
+static uint32_t want_col(uint64_t e)
+{
+	uint64_t row = e / NCOLS, col = COL0 + e % NCOLS;
+
+	return col < COLS ? bits(row * COLS + col) : 0;
+}
+
+typedef struct {
+	rs_blocks b;
+	rs_vtree tree;
+	rs_catalog cat;
+	const rs_chunk *cols;     /* the column shard: 6 MiB */
+	uint32_t a, b_file, c_file, big, huge;
+	uint8_t *want_a, *want_b, *want_c;
+	uint64_t size_a, size_b;
+} fixture;
+
+static const char head[] = "a literal header";
+static const char tail[] = "and its tail";
+
+static void put_u32s(uint8_t *dst, uint64_t first, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		uint32_t v = want_col(first + i);
+
+		memcpy(dst + i * 4, &v, 4);
+	}
+}
+
+/* File a: literal, 5000 zeros, source bytes [4096, 4096 + 3 MiB), the
+ * whole column shard, literal.  File b: bytes [1 MiB + 64, 5 MiB) of the
+ * column shard (not on a block boundary).  c: the whole shard from the
+ * file's start (its blocks built in place in the windows).  big: 20 MiB
+ * of zeros; huge: 40 MiB of zeros (over max_size). */
+static void make_tree(fixture *f)
+{
+	const uint64_t shape[2] = { ROWS, COLS }, chunk[2] = { ROWS / 2, COLS };
+	rs_box box = { .ndim = 2, .off = { 0, COL0 }, .len = { ROWS, NCOLS } };
+	struct timespec ts = { 0 };
+	uint8_t *content = make_content();
+	rs_tensor *t;
+	rs_plan plan;
+	size_t ti;
+	uint64_t at;
+
+	rs_catalog_init(&f->cat);
+	CHECK(rs_catalog_add_regular(&f->cat, "t", RS_DTYPE_F32, 2, shape,
+				     chunk, &ti) == 0);
+	t = &f->cat.tensors[ti];
+	for (uint64_t r = 0; r < 2; r++) {
+		const uint64_t idx[2] = { r, 0 };
+
+		rs_catalog_set_chunk(t, idx, 0, r * (ROWS / 2) * COLS * 4);
+	}
+	CHECK(rs_plan_box(t, &box, box.len, &plan) == 0);
+	CHECK(rs_vtree_init(&f->tree, ts) == 0);
+	CHECK(rs_vtree_add_chunk(&f->tree, &plan, RS_DTYPE_F32, RS_DTYPE_F32,
+				 &f->cols) == 0);
+	CHECK(f->cols->size == 6 * MiB);
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "a", ts, &f->a) == 0);
+	CHECK(rs_vtree_append_literal(&f->tree, f->a, head, sizeof(head)) == 0);
+	CHECK(rs_vtree_append_zero(&f->tree, f->a, 5000) == 0);
+	CHECK(rs_vtree_append_source(&f->tree, f->a, 0, 4096, 3 * MiB) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->a, f->cols, 0,
+				     f->cols->size) == 0);
+	CHECK(rs_vtree_append_literal(&f->tree, f->a, tail, sizeof(tail)) == 0);
+	f->size_a = sizeof(head) + 5000 + 3 * MiB + 6 * MiB + sizeof(tail);
+	f->want_a = calloc(1, f->size_a);
+	memcpy(f->want_a, head, sizeof(head));
+	at = sizeof(head) + 5000;
+	memcpy(f->want_a + at, content + 4096, 3 * MiB);
+	at += 3 * MiB;
+	put_u32s(f->want_a + at, 0, 6 * MiB / 4);
+	at += 6 * MiB;
+	memcpy(f->want_a + at, tail, sizeof(tail));
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "b", ts, &f->b_file) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->b_file, f->cols, MiB + 64,
+				     4 * MiB - 64) == 0);
+	f->size_b = 4 * MiB - 64;
+	f->want_b = malloc(f->size_b);
+	put_u32s(f->want_b, (MiB + 64) / 4, f->size_b / 4);
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "c", ts, &f->c_file) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->c_file, f->cols, 0,
+				     f->cols->size) == 0);
+	f->want_c = malloc(6 * MiB);
+	put_u32s(f->want_c, 0, 6 * MiB / 4);
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "big", ts, &f->big) == 0);
+	CHECK(rs_vtree_append_zero(&f->tree, f->big, 20 * MiB) == 0);
+	CHECK(rs_vtree_add_file(&f->tree, 0, "huge", ts, &f->huge) == 0);
+	CHECK(rs_vtree_append_zero(&f->tree, f->huge, 40 * MiB) == 0);
+	free(content);
+}
+
+static bool holds(const rs_snapshot *s, const uint8_t *want, uint64_t len)
+{
+	uint8_t *got = malloc(len + 1);
+	bool ok = got && rs_snapshot_size(s) == len &&
+		  pread(rs_snapshot_fd(s), got, len + 1, 0) == (ssize_t)len &&
+		  memcmp(got, want, len) == 0;
+
+	free(got);
+	return ok;
+}
+
+/* Sealed: nobody, the daemon included, can write, grow or shrink it. */
+static void check_sealed(const rs_snapshot *s)
+{
+	int fd = rs_snapshot_fd(s);
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	CHECK(seals >= 0 && (seals & F_SEAL_WRITE) && (seals & F_SEAL_SHRINK) &&
+	      (seals & F_SEAL_GROW) && (seals & F_SEAL_SEAL));
+	CHECK(pwrite(fd, "x", 1, 0) < 0 && errno == EPERM);
+	CHECK(ftruncate(fd, 1) < 0 && errno == EPERM);
+}
+
+typedef struct {
+	fixture *f;
+	rs_snapshots *s;
+	rs_snapshot *got;
+	int err;
+} getter;
+
+static void *get_b(void *arg)
+{
+	getter *g = arg;
+
+	g->err = rs_snapshots_get(g->s, g->f->b_file, &g->got, NULL);
+	return NULL;
+}
+
+int main(void)
+{
+	rs_executor_opts eo = { .kind = RS_EXECUTOR_CPU, .threads = 2 };
+	fixture f = { .b = { .root_path = dir } };
+	uint8_t *content = make_content();
+	rs_snapshots *s;
+	rs_snapshot *a, *b, *big, *x;
+	rs_snapshot_stats st;
+	rs_cache_stats cs;
+	getter g[4];
+	pthread_t th[4];
+	bool reused;
+	char path[80];
+	FILE *fp;
+
+	snprintf(dir, sizeof(dir), "/tmp/rs_snapshot_XXXXXX");
+	CHECK(content && mkdtemp(dir) != NULL);
+	if (check_failed)
+		return CHECK_DONE();
+	f.b.sources = rs_test_source(dir, "src", content, (size_t)ROWS * COLS * 4);
+	free(content);
+	CHECK(rs_executor_create(&f.b.exec, &eo, NULL) == 0);
+	CHECK(rs_cache_new(&f.b.cache, 32 * MiB, false) == 0);
+	make_tree(&f);
+	CHECK(rs_snapshots_new(&s, &f.b, &f.tree, 24 * MiB) == 0);
+	if (check_failed)
+		return CHECK_DONE();
+
+	/* Every segment kind, built and sealed; a second get reuses it. */
+	CHECK(rs_snapshots_get(s, f.a, &a, &reused) == 0 && !reused);
+	CHECK(holds(a, f.want_a, f.size_a));
+	check_sealed(a);
+	CHECK(rs_snapshots_get(s, f.a, &x, &reused) == 0 && reused && x == a);
+	rs_snapshots_release(s, x);
+	rs_snapshots_get_stats(s, &st);
+	CHECK(st.builds == 1 && st.reuses == 1 && st.files == 1 &&
+	      st.bytes == f.size_a && st.bytes_built == f.size_a);
+	CHECK(rs_sources_bytes_read(f.b.sources) >= 3 * MiB);
+
+	CHECK(rs_snapshots_get(s, f.c_file, &x, NULL) == 0);
+	CHECK(holds(x, f.want_c, 6 * MiB));
+	rs_snapshots_release(s, x);
+	rs_snapshots_drop(s, f.c_file);
+
+	/* Single flight: four threads, one build of b. */
+	for (int i = 0; i < 4; i++) {
+		g[i] = (getter){ &f, s, NULL, -1 };
+		CHECK(pthread_create(&th[i], NULL, get_b, &g[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(g[i].err == 0 && g[i].got == g[0].got);
+	}
+	b = g[0].got;
+	CHECK(holds(b, f.want_b, f.size_b));
+	rs_snapshots_get_stats(s, &st);
+	CHECK(st.builds == 3 && st.reuses == 4);
+	for (int i = 1; i < 4; i++)
+		rs_snapshots_release(s, g[i].got);
+
+	/* The budget: a (12 MiB) and b (4 MiB) are held; big (20 MiB) does
+	 * not fit beside them and is not kept; huge is over max_size. */
+	CHECK(rs_snapshots_get(s, f.big, &big, NULL) == -ENOSPC);
+	CHECK(rs_snapshots_get(s, f.huge, &x, NULL) == -E2BIG);
+	rs_cache_get_stats(f.b.cache, &cs);
+	CHECK(cs.charged == f.size_a + f.size_b);
+	/* a idle: reclaimed for big. */
+	rs_snapshots_release(s, a);
+	CHECK(rs_snapshots_get(s, f.big, &big, NULL) == 0);
+	rs_snapshots_get_stats(s, &st);
+	CHECK(st.evictions == 1 && st.files == 2);
+	rs_cache_get_stats(f.b.cache, &cs);
+	CHECK(cs.charged == f.size_b + 20 * MiB && cs.charged <= 32 * MiB);
+	/* Windows of zeros only are holes: the 20 MiB read back as zeros and
+	 * take no memory. */
+	{
+		uint8_t *z = calloc(1, 20 * MiB);
+		struct stat sb;
+
+		CHECK(z && holds(big, z, 20 * MiB));
+		CHECK(fstat(rs_snapshot_fd(big), &sb) == 0 && sb.st_blocks == 0);
+		free(z);
+	}
+	rs_snapshots_release(s, big);
+
+	/* drop: an idle snapshot goes, a held one stays. */
+	rs_snapshots_drop(s, f.big);
+	rs_snapshots_drop(s, f.b_file);
+	rs_snapshots_get_stats(s, &st);
+	CHECK(st.files == 1);
+	rs_snapshots_release(s, b);
+
+	/* The source changed: a build fails with -ESTALE and keeps nothing. */
+	snprintf(path, sizeof(path), "%s/src", dir);
+	fp = fopen(path, "ab");
+	CHECK(fp && fputc('x', fp) == 'x');
+	if (fp)
+		fclose(fp);
+	rs_snapshots_drop(s, f.b_file);
+	rs_cache_get_stats(f.b.cache, &cs);
+	CHECK(rs_snapshots_get(s, f.a, &x, NULL) == -ESTALE);
+	rs_snapshots_get_stats(s, &st);
+	CHECK(st.files == 0 && st.build_errors == 1);
+	{
+		rs_cache_stats after;
+
+		rs_cache_get_stats(f.b.cache, &after);
+		CHECK(after.charged == 0 && cs.charged == 0);
+	}
+
+	rs_snapshots_free(s);
+	rs_vtree_free(&f.tree);
+	rs_catalog_free(&f.cat);
+	free(f.want_a);
+	free(f.want_b);
+	free(f.want_c);
+	rs_cache_free(f.b.cache);
+	rs_executor_destroy(f.b.exec);
+	rs_sources_free(f.b.sources);
+	unlink(path);
+	rmdir(dir);
+	return CHECK_DONE();
+}
