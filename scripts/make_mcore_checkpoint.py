@@ -9,7 +9,7 @@ Usage:
                                    [--timing]
 
 MODEL SIZE: --layers, --hidden, --ffn, --heads, --groups, --vocab (default
-the tiny model below).  With --timing a load writes DUMP.<rank>.json (the
+the tiny model below; --ffn defaults to twice --hidden).  With --timing a load writes DUMP.<rank>.json (the
 load's wall time between two barriers, the bytes the rank read, its peak
 RSS) instead of the tensors, and the model is built without initialising
 its weights (the load overwrites them): what scripts/bench_mcore measures.
