@@ -16,6 +16,7 @@
 """
 
 import importlib.util
+import mmap
 import os
 import shutil
 import subprocess
@@ -111,6 +112,18 @@ def is_mounted(mnt):
         return False
     fstype = e[e.index("-") + 1]
     return fstype.startswith("fuse")
+
+
+def read_direct(path):
+    """The whole file in O_DIRECT reads (no page cache on either side)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        size = os.fstat(fd).st_size
+        buf = mmap.mmap(-1, max(size, 4096))
+        got = os.preadv(fd, [buf], 0)
+        return buf[:got]
+    finally:
+        os.close(fd)
 
 
 def wait_for(pred, timeout=MOUNT_TIMEOUT, proc=None):

@@ -50,7 +50,7 @@ import numpy as np
 import pytest
 
 from conftest import (MOUNT_TIMEOUT, REPO, cleanup, fusermount, is_mounted,
-                      make_checkpoint, wait_for)
+                      make_checkpoint, read_direct, wait_for)
 from oracle import ExpectedView
 
 COL = "decoder.layers.mlp.linear_fc1.weight"   # tp 2->8: a source range
@@ -102,18 +102,6 @@ def stats(m):
 def read_file(path):
     with open(path, "rb") as f:
         return f.read()
-
-
-def read_direct(path):
-    """The whole file in O_DIRECT reads (no page cache on either side)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        size = os.fstat(fd).st_size
-        buf = mmap.mmap(-1, max(size, 4096))
-        got = os.preadv(fd, [buf], 0)
-        return buf[:got]
-    finally:
-        os.close(fd)
 
 
 def assert_eio(fn, what):

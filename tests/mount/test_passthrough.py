@@ -28,7 +28,7 @@ import threading
 
 import pytest
 
-from conftest import make_checkpoint, wait_for
+from conftest import make_checkpoint, read_direct, wait_for
 from oracle import ExpectedView
 
 FC1 = "decoder.layers.mlp.linear_fc1.weight"
@@ -57,23 +57,21 @@ def need_passthrough(m):
         pytest.skip(f"passthrough not available here: {p['inactive_because']}")
 
 
-def read_direct(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        size = os.fstat(fd).st_size
-        buf = mmap.mmap(-1, max(size, 4096))
-        got = os.preadv(fd, [buf], 0)
-        return buf[:got]
-    finally:
-        os.close(fd)
-
-
 def read_mapped(path):
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return b""
         with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
             return m[:]
+
+
+def check_three_ways(m, exp):
+    """Every file of the view read whole, with O_DIRECT and mapped."""
+    for rel in exp.files:
+        want = exp.read(rel)
+        assert (m.mnt / rel).read_bytes() == want, rel
+        assert read_direct(m.mnt / rel) == want, rel
+        assert read_mapped(m.mnt / rel) == want, rel
 
 
 def data_files(exp, key=None):
@@ -90,11 +88,7 @@ def test_every_file_from_snapshots(sample, mount):
     exp = ExpectedView(src, 8)
     m = mount(src, ["tp=8"])
     need_passthrough(m)
-    for rel in exp.files:
-        want = exp.read(rel)
-        assert (m.mnt / rel).read_bytes() == want, rel
-        assert read_direct(m.mnt / rel) == want, rel
-        assert read_mapped(m.mnt / rel) == want, rel
+    check_three_ways(m, exp)
     st = stats(m)
     p = st["passthrough"]
     n = len(exp.files)
@@ -286,11 +280,7 @@ def test_immutable_sources_passed_through(tmp_path, mount, immutable):
     immutable(*[src / rel for rel in fc1])
     m = mount(src, ["tp=2"])
     need_passthrough(m)
-    for rel in exp.files:
-        want = exp.read(rel)
-        assert (m.mnt / rel).read_bytes() == want, rel
-        assert read_direct(m.mnt / rel) == want, rel
-        assert read_mapped(m.mnt / rel) == want, rel
+    check_three_ways(m, exp)
     p = pt(m)
     assert p["opens"]["source"] == 3 * len(fc1), p
     assert p["opens"]["snapshot"] == 3 * (len(exp.files) - len(fc1)), p
