@@ -87,15 +87,15 @@ static void free_entries(rs_entry *v, size_t n)
 	free(v);
 }
 
-int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *where,
+int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *path,
 			 rs_diag *d)
 {
 	uint64_t max = ck->max_metadata ? ck->max_metadata
 					: RS_DEFAULT_MAX_METADATA;
 
 	if (bytes > max || ck->metadata_bytes > max - bytes) {
-		rs_diag_add(d, "%s/%s: the checkpoint's metadata (headers, pickles, JSON) passes %llu bytes here; -o max_metadata=SIZE raises the limit",
-			    ck->dir_path, where, (unsigned long long)max);
+		rs_diag_add(d, "%s: the checkpoint's metadata (headers, pickles, JSON) passes %llu bytes here; -o max_metadata=SIZE raises the limit",
+			    path, (unsigned long long)max);
 		return -EINVAL;
 	}
 	ck->metadata_bytes += bytes;
@@ -123,7 +123,7 @@ int rs_checkpoint_read_file(rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d)
 {
-	char full[PATH_MAX];
+	char full[PATH_MAX], path[PATH_MAX + 64];
 	struct stat own;
 	char *text = NULL;
 	int fd, err = -EINVAL;
@@ -165,7 +165,8 @@ int rs_checkpoint_read_file(rs_checkpoint *ck, const char *relpath,
 		err = -ENOMEM;
 		goto out;
 	}
-	err = rs_checkpoint_charge(ck, (uint64_t)st->st_size, relpath, d);
+	snprintf(path, sizeof(path), "%s/%s", ck->dir_path, relpath);
+	err = rs_checkpoint_charge(ck, (uint64_t)st->st_size, path, d);
 	if (err) {
 		free(text);
 		goto out;

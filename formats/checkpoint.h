@@ -174,12 +174,13 @@ int rs_checkpoint_read_file(rs_checkpoint *ck, const char *relpath,
 			    size_t max, char **buf, size_t *len,
 			    struct stat *st, rs_diag *d);
 
-/* Counts `bytes` of metadata about to be parsed from `where` against the
- * checkpoint's limit: -EINVAL with one line naming the file and the
- * option when it would pass max_metadata.  rs_checkpoint_read_file charges
- * what it reads; readers charge the headers and pickles they read
+/* Counts `bytes` of metadata about to be parsed from file `path` (as
+ * messages name it) against the checkpoint's limit: -EINVAL with one line
+ * naming the file and the option when it would pass max_metadata.
+ * rs_checkpoint_read_file charges what it reads; readers charge the
+ * headers and the data.pkl pickles of torch.save files they read
  * themselves. */
-int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *where,
+int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *path,
 			 rs_diag *d);
 
 /* For views that write their own files beside the source's other files

@@ -240,6 +240,11 @@ static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
 		free(buf);
 		return -EINVAL;
 	}
+	err = rs_checkpoint_charge(f->ck, pkl->size, path, f->d);
+	if (err) {
+		free(buf);
+		return err;
+	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_megatron_allow;
 	lim.torch_persids = true;

@@ -312,6 +312,10 @@ static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 			    MS_DATAPKL_MAX);
 		goto out;
 	}
+	err = rs_checkpoint_charge(ck, pkl->size, where, d);
+	if (err)
+		goto out;
+	err = -EINVAL;
 	buf = malloc(pkl->size ? pkl->size : 1);
 	if (!buf) {
 		err = -ENOMEM;

@@ -448,7 +448,7 @@ static int read_file(reader *r, uint32_t src, const char *relpath)
 			    (unsigned long long)size);
 		return -EINVAL;
 	}
-	err = rs_checkpoint_charge(ck, n, relpath, r->d);
+	err = rs_checkpoint_charge(ck, n, where, r->d);
 	if (err)
 		return err;
 	text = malloc(n + 1);

@@ -246,6 +246,8 @@ static int read_chunk(reader *r, const rs_tensor *t, rs_fragment *f,
 		rs_diag_add(r->d, "%s: no readable data.pkl", where);
 		goto fail;
 	}
+	if (rs_checkpoint_charge(r->ck, pkl->size, where, r->d) != 0)
+		goto fail;
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_pickle_allow_torch;
 	lim.torch_persids = true;

@@ -143,6 +143,8 @@ for path, what in zip(sys.argv[1::2], sys.argv[2::2]):
         for _ in range(150):
             deep = [deep]
         sd["args"].evil = deep
+    elif what == "padded":
+        sd["args"].notes = "x" * (1536 << 10)
     torch.save(sd, path)
 '''
 
@@ -184,6 +186,20 @@ def test_torch_save_refused(legacy, tmp_path, failing_mount, what, needles):
         run_py("-c", EDIT, src / RANK, what)
     rc, err = failing_mount(src, ["tp=1"])
     assert_refused(rc, err, *needles)
+
+
+@needs_mcore
+def test_max_metadata_counts_rank_pickles(legacy, tmp_path, failing_mount,
+                                          mount):
+    """A rank file's data.pkl counts against max_metadata like a header."""
+    src = tmp_path / "padded"
+    shutil.copytree(legacy, src)
+    run_py("-c", EDIT, src / RANK, "padded")
+    rc, err = failing_mount(src, ["tp=1", "max_metadata=1M"])
+    assert_refused(rc, err, f"{src}/{RANK}: the checkpoint's metadata",
+                   "-o max_metadata=SIZE raises the limit")
+    m = mount(src, ["tp=1", "max_metadata=2M"])
+    assert (m.mnt / RANK).stat().st_size > 0
 
 
 @needs_mcore
