@@ -69,6 +69,19 @@ typedef struct {
 	size_t naliases;
 } ms_meta;
 
+/* What cfg (or fairseq's args) says of the model (formats/metaseq/cfg.c). */
+typedef struct {
+	bool present;           /* a cfg with a model section (or args) */
+	rs_model_config m;      /* family unset: the reader sets it */
+	bool scale_embedding;   /* !no_scale_embedding: embeddings times
+				 * sqrt(dim), which HF's OPT does not do */
+	/* Set by the reader (formats/metaseq/read.c): whether cfg described
+	 * the model, else the one line saying why not - reported only when
+	 * something needs cfg (no shard_metadata, the hf view). */
+	bool ok;
+	char why[640];
+} ms_cfg;
+
 typedef struct {
 	const char *name;               /* file name (the entry's) */
 	uint32_t source;
@@ -77,6 +90,7 @@ typedef struct {
 	size_t ntensors;
 	rs_names by_key;                /* the tensors by key */
 	ms_meta meta;
+	ms_cfg cfg;                     /* read from the first file only */
 } ms_file;
 
 /* Reads the metaseq checkpoint in ck (ck->sources opened) into its catalog
@@ -117,6 +131,37 @@ int ms_meta_from_pickle(const rs_pvalue *sm, const char *where, ms_meta *m,
 /* -o params=FILE. */
 int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d);
 void ms_meta_free(ms_meta *m);
+
+
+/* cfg of a parsed data.pkl's top dict `top`: cfg["model"] (a dict, an
+ * OmegaConf DictConfig or an argparse.Namespace; its fields, OmegaConf
+ * value nodes and "${a.b}" interpolations followed), then fairseq's
+ * top-level args, then cfg's common and distributed_training sections.
+ * No cfg leaves c->present false (0).  A field the derivation needs that
+ * is missing or of the wrong type, or a model it cannot describe, is one
+ * line naming the field, -EINVAL. */
+int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
+		rs_diag *d);
+
+/* The flat-param description cfg implies for the files f[0..nshards) of
+ * model part 0 (docs/FORMATS.md, "Deriving the flat params"): the root's
+ * flat_param_0 (embed_tokens, embed_positions, layer_norm, an untied
+ * output_projection; the vocab from its size, into c->m.vocab) and each
+ * layer's.  Paddings are left to the torch.chunk rule (has_padding
+ * false).  Refused (one line, -EINVAL): parts in SOURCE other than cfg's
+ * model_parallel_size, a root flat param no vocab fits, a layer flat
+ * param missing, a flat param cfg does not describe. */
+int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
+		     uint32_t nparts, ms_meta *m, const char *where,
+		     rs_diag *d);
+
+/* -o params=FILE (`got`, read from `path`) against what cfg implies
+ * (`want`): one line naming the flat param and param that differ. */
+int ms_meta_check(const ms_meta *want, const ms_meta *got, const char *path,
+		  rs_diag *d);
+
+/* "[a, b]" of a shape into out. */
+void ms_shape_text(const uint64_t *shape, int ndim, char *out, size_t size);
 
 /* The file's tensor of `key`, or NULL. */
 const ms_tensor *ms_file_find(const ms_file *f, const char *key);

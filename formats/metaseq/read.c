@@ -238,6 +238,28 @@ const ms_tensor *ms_file_find(const ms_file *f, const char *key)
 	return i == SIZE_MAX ? NULL : &f->tensors[i];
 }
 
+/* cfg of the first file, kept with what was wrong with it: a cfg that
+ * does not describe the model refuses the mount only where it is needed
+ * (formats/metaseq/metaseq_int.h, ms_cfg). */
+static int read_cfg(const rs_pvalue *top, ms_file *f, const char *where)
+{
+	rs_diag *cd = rs_diag_new();
+	int err;
+
+	if (!cd)
+		return -ENOMEM;
+	err = ms_cfg_read(top, where, &f->cfg, cd);
+	if (err == -EINVAL) {
+		snprintf(f->cfg.why, sizeof(f->cfg.why), "%s",
+			 rs_diag_count(cd) ? rs_diag_line(cd, 0) : where);
+		err = 0;
+	} else {
+		f->cfg.ok = f->cfg.present;
+	}
+	rs_diag_free(cd);
+	return err;
+}
+
 /* The model dict and shard_metadata of a parsed data.pkl. */
 static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 		     const char *where, rs_diag *d)
@@ -279,6 +301,8 @@ static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 	if (!err)
 		err = ms_meta_from_pickle(rs_pv_get(top, "shard_metadata"),
 					  where, &f->meta, d);
+	if (!err && f->part == 0 && f->shard == 0)
+		err = read_cfg(top, f, where);
 	return err;
 }
 
@@ -350,10 +374,60 @@ static void free_files(ms_file *files, size_t n)
 	free(files);
 }
 
+/* Release-form files (no shard_metadata): the flat params cfg implies,
+ * into *derived; a params file is checked against them. */
+static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
+		  uint32_t nparts, const char *params_file,
+		  const ms_meta *params, ms_meta *derived, rs_diag *d)
+{
+	char where[MS_WHERE];
+	size_t nshards = 0;
+	int err;
+
+	if (files[0].meta.present || !files[0].cfg.present)
+		return 0;
+	if (!files[0].cfg.ok) {
+		/* Only needed when no params file stands in for it. */
+		if (!params->present)
+			rs_diag_add(d, "%s (or pass -o params=FILE)",
+				    files[0].cfg.why);
+		return params->present ? 0 : -EINVAL;
+	}
+	while (nshards < n && files[nshards].part == 0)
+		nshards++;
+	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, files[0].name);
+	err = ms_meta_from_cfg(&files[0].cfg, files, nshards, nparts, derived,
+			       where, d);
+	if (!err && params->present)
+		err = ms_meta_check(derived, params, params_file, d);
+	return err;
+}
+
+/* What cfg says of the model, for the views (ck->model): the vocab is
+ * the merged embed_tokens' rows. */
+static void model_config(rs_checkpoint *ck, const ms_file *f0)
+{
+	const ms_cfg *c = &f0->cfg;
+
+	if (!c->ok)
+		return;
+	ck->model = c->m;
+	ck->model.family = rs_family_find("opt", "metaseq", "hf");
+	for (size_t i = 0; i < ck->catalog.count; i++) {
+		const rs_tensor *t = &ck->catalog.tensors[i];
+
+		if (strcmp(t->name, "decoder.embed_tokens.weight") == 0 &&
+		    t->ndim == 2) {
+			ck->model.vocab = t->shape[0];
+			ck->model.dtype = t->dtype;
+		}
+	}
+}
+
 int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 {
 	const char *params_file = o->params_file;
-	ms_meta params = { 0 };
+	ms_meta params = { 0 }, derived = { 0 };
 	ms_file *files = NULL;
 	size_t n = 0;
 	uint32_t nparts = 0;
@@ -370,7 +444,13 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	for (size_t i = 0; i < n && !err; i++)
 		err = load_file(ck, &files[i], d);
 	if (!err)
-		err = ms_stitch(ck, files, n, nparts, &params, d);
+		err = derive(ck, files, n, nparts, params_file, &params,
+			     &derived, d);
+	if (!err)
+		err = ms_stitch(ck, files, n, nparts,
+				params.present ? &params : &derived, d);
+	if (!err)
+		model_config(ck, &files[0]);
 	for (size_t i = 0; !err && i < ck->nentries; i++) {
 		rs_entry *e = &ck->entries[i];
 
@@ -379,6 +459,7 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	}
 	free_files(files, n);
 	ms_meta_free(&params);
+	ms_meta_free(&derived);
 	return err;
 }
 
