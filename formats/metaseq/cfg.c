@@ -523,3 +523,102 @@ void ms_shape_text(const uint64_t *shape, int ndim, char *out, size_t size)
 	if (at < size)
 		snprintf(out + at, size - at, "]");
 }
+
+/* ---- cfg kept for the metaseq view ------------------------------------- */
+
+/* Bounds on what is kept: a real cfg has a few hundred fields. */
+#define MS_CFG_MAX_ITEMS 20000u
+#define MS_CFG_MAX_STR 4096u
+
+void ms_state_free(void *state)
+{
+	ms_state *st = state;
+
+	if (!st)
+		return;
+	for (size_t i = 0; i < st->ncfg; i++) {
+		free(st->cfg[i].section);
+		free(st->cfg[i].key);
+		free(st->cfg[i].s);
+	}
+	free(st->cfg);
+	free(st);
+}
+
+/* Appends section.key = v when v is a scalar; 0 or -ENOMEM. */
+static int keep(ms_state *st, const char *section, const rs_pvalue *kv,
+		const rs_pvalue *v)
+{
+	const char *key = ms_whole_str(kv), *str;
+	ms_cv c = { 0 };
+
+	v = cfg_leaf(v);
+	if (!key || !*key || strlen(key) > 255 || st->ncfg >= MS_CFG_MAX_ITEMS)
+		return 0;
+	switch (rs_pv_kind(v)) {
+	case RS_PV_NONE:
+		c.kind = MS_CV_NONE;
+		break;
+	case RS_PV_BOOL:
+		c.kind = MS_CV_BOOL;
+		rs_pv_bool(v, &c.b);
+		break;
+	case RS_PV_INT:
+		c.kind = MS_CV_INT;
+		rs_pv_int(v, &c.i);
+		break;
+	case RS_PV_FLOAT:
+		c.kind = MS_CV_FLOAT;
+		rs_pv_float(v, &c.f);
+		break;
+	case RS_PV_STR:
+		str = ms_whole_str(v);
+		if (!str || strlen(str) > MS_CFG_MAX_STR)
+			return 0;
+		c.kind = MS_CV_STR;
+		if (!(c.s = strdup(str)))
+			return -ENOMEM;
+		break;
+	default:
+		return 0;
+	}
+	c.key = strdup(key);
+	c.section = section ? strdup(section) : NULL;
+	if (!c.key || (section && !c.section) ||
+	    rs_array_reserve(&st->cfg, &st->cap, st->ncfg + 1, sizeof(ms_cv))) {
+		free(c.key);
+		free(c.section);
+		free(c.s);
+		return -ENOMEM;
+	}
+	st->cfg[st->ncfg++] = c;
+	return 0;
+}
+
+static int keep_map(ms_state *st, const char *section, const rs_pvalue *map)
+{
+	int err = 0;
+
+	for (size_t i = 0; i < rs_pv_len(map) && !err; i++)
+		err = keep(st, section, rs_pv_key(map, i), rs_pv_val(map, i));
+	return err;
+}
+
+int ms_cfg_copy(const rs_pvalue *top, ms_state *st)
+{
+	const rs_pvalue *cfg = cfg_map(rs_pv_get(top, "cfg"));
+	int err = 0;
+
+	if (!cfg)
+		return keep_map(st, "model", cfg_map(rs_pv_get(top, "args")));
+	for (size_t i = 0; i < rs_pv_len(cfg) && !err; i++) {
+		const char *sec = ms_whole_str(rs_pv_key(cfg, i));
+		const rs_pvalue *sub = cfg_map(rs_pv_val(cfg, i));
+
+		if (sub && sec && *sec && strlen(sec) <= 255)
+			err = keep_map(st, sec, sub);
+		else
+			err = keep(st, NULL, rs_pv_key(cfg, i), rs_pv_val(cfg, i));
+	}
+	return err;
+}

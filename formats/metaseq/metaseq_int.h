@@ -91,7 +91,42 @@ typedef struct {
 	rs_names by_key;                /* the tensors by key */
 	ms_meta meta;
 	ms_cfg cfg;                     /* read from the first file only */
+	struct ms_state *state;         /* the first file's: for ck->extra */
 } ms_file;
+
+/* One scalar of the source's cfg, kept for the metaseq view's cfg. */
+typedef enum { MS_CV_NONE, MS_CV_BOOL, MS_CV_INT, MS_CV_FLOAT, MS_CV_STR } ms_cv_kind;
+
+typedef struct {
+	char *section;                  /* "model"; NULL at cfg's top */
+	char *key;
+	ms_cv_kind kind;
+	bool b;
+	int64_t i;
+	double f;
+	char *s;
+} ms_cv;
+
+/* What the reader keeps in ck->extra for the metaseq view
+ * (formats/metaseq/view.c). */
+typedef struct ms_state {
+	ms_cv *cfg;                     /* cfg's scalars, sections in order */
+	size_t ncfg, cap;
+	bool fused_qkv;                 /* the parts store qkv_proj */
+	bool tied;                      /* output_projection is embed_tokens */
+} ms_state;
+
+void ms_state_free(void *state);
+
+/* cfg's scalars (bools, ints, floats, strings, None; of cfg's top and
+ * of each section one level down, a DictConfig's or Namespace's alike),
+ * or fairseq's args as section "model", appended to st.  Other values
+ * are left out.  0 or -ENOMEM. */
+int ms_cfg_copy(const rs_pvalue *top, ms_state *st);
+
+/* The metaseq view (formats/metaseq/view.c). */
+int rs_metaseq_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			  rs_vtree *t, rs_diag *d);
 
 /* Reads the metaseq checkpoint in ck (ck->sources opened) into its catalog
  * and entries.

@@ -248,7 +248,10 @@ static int read_cfg(const rs_pvalue *top, ms_file *f, const char *where)
 
 	if (!cd)
 		return -ENOMEM;
-	err = ms_cfg_read(top, where, &f->cfg, cd);
+	f->state = calloc(1, sizeof(ms_state));
+	err = f->state ? ms_cfg_copy(top, f->state) : -ENOMEM;
+	if (!err)
+		err = ms_cfg_read(top, where, &f->cfg, cd);
 	if (err == -EINVAL) {
 		snprintf(f->cfg.why, sizeof(f->cfg.why), "%s",
 			 rs_diag_count(cd) ? rs_diag_line(cd, 0) : where);
@@ -370,6 +373,7 @@ static void free_files(ms_file *files, size_t n)
 		free(files[i].tensors);
 		rs_names_free(&files[i].by_key);
 		ms_meta_free(&files[i].meta);
+		ms_state_free(files[i].state);
 	}
 	free(files);
 }
@@ -401,6 +405,41 @@ static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
 	if (!err && params->present)
 		err = ms_meta_check(derived, params, params_file, d);
 	return err;
+}
+
+/* Whether the parts store a fused qkv_proj: by the description that
+ * unflattened them, else by the stored names. */
+static bool holds_qkv(const ms_file *f0, const ms_meta *other)
+{
+	const ms_meta *m = f0->meta.present ? &f0->meta
+			   : other->present ? other : NULL;
+
+	for (size_t k = 0; m && k < m->nflats; k++)
+		for (size_t i = 0; i < m->flats[k].nparams; i++)
+			if (strstr(m->flats[k].params[i].name, "qkv_proj."))
+				return true;
+	for (size_t i = 0; !m && i < f0->ntensors; i++)
+		if (strstr(f0->tensors[i].key, ".qkv_proj."))
+			return true;
+	return false;
+}
+
+/* Without cfg: an output projection that is a shared param (an alias
+ * of the embeddings: the same fragments). */
+static bool holds_tied(const rs_checkpoint *ck)
+{
+	const rs_tensor *e = NULL, *o = NULL;
+
+	for (size_t i = 0; i < ck->catalog.count; i++) {
+		const rs_tensor *t = &ck->catalog.tensors[i];
+
+		if (strcmp(t->name, "decoder.embed_tokens.weight") == 0)
+			e = t;
+		else if (strcmp(t->name, "decoder.output_projection.weight") == 0)
+			o = t;
+	}
+	return e && o && e->nfrags == o->nfrags && e->nfrags &&
+	       memcmp(e->frags, o->frags, e->nfrags * sizeof(*e->frags)) == 0;
 }
 
 /* What cfg says of the model, for the views (ck->model): the vocab is
@@ -451,6 +490,16 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 				params.present ? &params : &derived, d);
 	if (!err)
 		model_config(ck, &files[0]);
+	if (!err) {
+		ms_state *st = files[0].state;
+
+		files[0].state = NULL;
+		st->fused_qkv = holds_qkv(&files[0], params.present ? &params
+								    : &derived);
+		st->tied = ck->model.family ? ck->model.tied : holds_tied(ck);
+		ck->extra = st;
+		ck->extra_free = ms_state_free;
+	}
 	for (size_t i = 0; !err && i < ck->nentries; i++) {
 		rs_entry *e = &ck->entries[i];
 
@@ -474,5 +523,6 @@ const rs_format_def rs_metaseq_format = {
 	.detect = detect,
 	.looks_like = "*model_part-*.pt files",
 	.read = rs_metaseq_read,
+	.build_view = rs_metaseq_build_view,
 	.default_view = "safetensors",
 };
