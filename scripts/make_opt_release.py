@@ -7,6 +7,7 @@ has torch and fairscale), and the oracles the tests compare against.
         [--ffn 64] [--heads 4] [--vocab 52] [--positions 20]
         [--separate-qkv] [--post-norm] [--untied]
         [--cfg dict|namespace|omegaconf] [--keep-training] [--oracle DIR]
+        [--drop-cfg FIELD]
 
 Per model part m (metaseq's tensor-parallel split of the full weights,
 qkv fused per part as [k_m; v_m; q_m] unless --separate-qkv), a module
@@ -69,8 +70,11 @@ def cfg_model(a, M):
 
 
 def make_cfg(a, M):
+    model = cfg_model(a, M)
+    for field in a.drop_cfg:
+        model.pop(field)
     cfg = {"common": {"model_parallel_size": M, "fp16": True},
-           "model": cfg_model(a, M),
+           "model": model,
            "distributed_training": {"distributed_world_size": M * a.dp}}
     if a.cfg == "namespace":
         cfg["model"] = argparse.Namespace(**cfg["model"])
@@ -294,6 +298,8 @@ def main():
                    help="keep the FSDP training shards too")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--oracle")
+    p.add_argument("--drop-cfg", action="append", default=[],
+                   metavar="FIELD", help="leave FIELD out of cfg.model")
     a = p.parse_args()
     out = Path(a.out)
     oracle = Path(a.oracle or f"{a.out}.oracle")

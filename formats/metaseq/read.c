@@ -379,10 +379,11 @@ static void free_files(ms_file *files, size_t n)
 }
 
 /* Release-form files (no shard_metadata): the flat params cfg implies,
- * into *derived; a params file is checked against them. */
+ * into *derived; a params file is checked against them (and takes cfg's
+ * tied output projection when it names no shared param). */
 static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
 		  uint32_t nparts, const char *params_file,
-		  const ms_meta *params, ms_meta *derived, rs_diag *d)
+		  ms_meta *params, ms_meta *derived, rs_diag *d)
 {
 	char where[MS_WHERE];
 	size_t nshards = 0;
@@ -404,6 +405,13 @@ static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
 			       where, d);
 	if (!err && params->present)
 		err = ms_meta_check(derived, params, params_file, d);
+	/* The map form cannot say the output projection is tied; cfg does. */
+	if (!err && params->present && !params->naliases) {
+		params->aliases = derived->aliases;
+		params->naliases = derived->naliases;
+		derived->aliases = NULL;
+		derived->naliases = 0;
+	}
 	return err;
 }
 

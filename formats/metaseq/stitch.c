@@ -36,6 +36,11 @@ static merge_how merge_rule(const char *name, int *dim)
 	}
 	if (strstr(name, "embed_tokens.weight"))
 		return CONCAT;
+	/* Not in stitch_fsdp_ckpt.py, whose models all tie it: an untied
+	 * output projection is column-parallel (vocab rows per part), as the
+	 * flat params cfg implies hold it (formats/metaseq/cfg.c). */
+	if (strstr(name, "output_projection.weight"))
+		return CONCAT;
 	return TAKE_PART0;
 }
 
