@@ -127,7 +127,7 @@ static int int_field(const cfg_scope *s, const char *key, bool required,
 	if (!v && !required)
 		return 0;
 	if (!v || rs_pv_int(v, &x) != 0 || x <= 0 || x > (int64_t)UINT32_MAX) {
-		rs_diag_add(d, "%s: cfg: model.%s is %s, not a positive integer: the flat params cannot be derived without it (or pass -o params=FILE)",
+		rs_diag_add(d, "%s: cfg: model.%s is %s, not a positive integer",
 			    where, key, v ? "something else" : "missing");
 		return -EINVAL;
 	}

@@ -198,6 +198,10 @@ int ms_meta_check(const ms_meta *want, const ms_meta *got, const char *path,
 /* "[a, b]" of a shape into out. */
 void ms_shape_text(const uint64_t *shape, int ndim, char *out, size_t size);
 
+/* Whether the file holds a flat param (".flat_param_<n>" or
+ * "flat_param_<n>"). */
+bool ms_holds_flat_key(const ms_file *f);
+
 /* The file's tensor of `key`, or NULL. */
 const ms_tensor *ms_file_find(const ms_file *f, const char *key);
 

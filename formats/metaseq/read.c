@@ -389,18 +389,26 @@ static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
 	size_t nshards = 0;
 	int err;
 
-	if (files[0].meta.present || !files[0].cfg.present)
-		return 0;
-	if (!files[0].cfg.ok) {
-		/* Only needed when no params file stands in for it. */
-		if (!params->present)
-			rs_diag_add(d, "%s (or pass -o params=FILE)",
-				    files[0].cfg.why);
-		return params->present ? 0 : -EINVAL;
-	}
 	while (nshards < n && files[nshards].part == 0)
 		nshards++;
+	/* Needed for flat params without shard_metadata only (reshard_fsdp's
+	 * unflattened output has none and needs none). */
+	if (files[0].meta.present || !files[0].cfg.present ||
+	    (nshards == 1 && !ms_holds_flat_key(&files[0])))
+		return 0;
 	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, files[0].name);
+	if (!files[0].cfg.ok) {
+		const char *why = files[0].cfg.why;
+		size_t wl = strlen(where);
+
+		/* Only needed when no params file stands in for it. */
+		if (strncmp(why, where, wl) == 0 && strncmp(why + wl, ": ", 2) == 0)
+			why += wl + 2;
+		if (!params->present)
+			rs_diag_add(d, "%s: has no shard_metadata to unflatten its FSDP flat params with, and its cfg does not describe the model (%s): pass -o params=FILE (names and shapes of the flat params)",
+				    where, why);
+		return params->present ? 0 : -EINVAL;
+	}
 	err = ms_meta_from_cfg(&files[0].cfg, files, nshards, nparts, derived,
 			       where, d);
 	if (!err && params->present)
