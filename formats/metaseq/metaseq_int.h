@@ -1,12 +1,15 @@
-/* metaseq_int: what the metaseq reader's four files share; private to
- * them (formats/metaseq/metaseq.h is the module's contract).
+/* metaseq_int: what the metaseq reader's and view's files share; private
+ * to them (formats/metaseq/metaseq.h is the module's contract).
  *
- *   metaseq_read.c    finds and groups the shard files, reads each one's
- *                     "model" tensors and shard_metadata
- *   metaseq_meta.c    flat-param descriptions from shard_metadata (a
- *                     pickle) or from -o params=FILE (JSON)
- *   metaseq_unflat.c  unflattens each model part's shards
- *   metaseq_stitch.c  merges the parts into the catalog
+ *   read.c    finds and groups the shard files, reads each one's "model"
+ *             tensors, shard_metadata and (the first file's) cfg
+ *   meta.c    flat-param descriptions from shard_metadata (a pickle) or
+ *             from -o params=FILE (JSON)
+ *   cfg.c     the model from cfg, the flat params it implies, the check
+ *             of a params file against them, cfg's scalars for the view
+ *   unflat.c  unflattens each model part's shards
+ *   stitch.c  merges the parts into the catalog
+ *   view.c    the metaseq view
  *
  * Ownership: each struct owns what it points to; the *_free functions
  * release it (safe on a zeroed struct).
