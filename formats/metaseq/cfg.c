@@ -14,6 +14,9 @@
 /* Interpolations ("${common.model_parallel_size}") followed at most this
  * deep: a cycle is a refusal, not a hang. */
 #define MS_CFG_MAX_HOPS 8
+/* Interpolations followed in all, for one cfg: each hop may name a path
+ * of many keys, each an interpolation again. */
+#define MS_CFG_MAX_FOLLOWED 256
 /* Bounds that keep every product of the derivation below 2^64 (OPT-175B:
  * 96 layers, 12288 wide, ffn 49152, 2048 positions). */
 #define MS_CFG_MAX_LAYERS 100000u
@@ -54,14 +57,14 @@ typedef struct {
 	const rs_pvalue *root;          /* cfg: for interpolations */
 	const rs_pvalue *sections[4];   /* where fields are looked up, in
 					 * order; NULL ends */
+	unsigned followed;              /* interpolations followed so far */
 } cfg_scope;
 
 /* The value at dotted `path` below the cfg root, interpolations
  * followed. */
-static const rs_pvalue *cfg_path(const cfg_scope *s, const char *path,
-				 int hops);
+static const rs_pvalue *cfg_path(cfg_scope *s, const char *path, int hops);
 
-static const rs_pvalue *cfg_resolve(const cfg_scope *s, const rs_pvalue *v,
+static const rs_pvalue *cfg_resolve(cfg_scope *s, const rs_pvalue *v,
 				    int hops)
 {
 	const char *str;
@@ -73,16 +76,16 @@ static const rs_pvalue *cfg_resolve(const cfg_scope *s, const rs_pvalue *v,
 	if (!str || strncmp(str, "${", 2) != 0)
 		return v;
 	n = strlen(str);
-	if (hops >= MS_CFG_MAX_HOPS || n < 4 || str[n - 1] != '}' ||
-	    n - 3 >= sizeof(path))
+	if (hops >= MS_CFG_MAX_HOPS || s->followed >= MS_CFG_MAX_FOLLOWED ||
+	    n < 4 || str[n - 1] != '}' || n - 3 >= sizeof(path))
 		return NULL;
+	s->followed++;
 	memcpy(path, str + 2, n - 3);
 	path[n - 3] = 0;
 	return cfg_path(s, path, hops + 1);
 }
 
-static const rs_pvalue *cfg_path(const cfg_scope *s, const char *path,
-				 int hops)
+static const rs_pvalue *cfg_path(cfg_scope *s, const char *path, int hops)
 {
 	const rs_pvalue *v = s->root;
 	char key[128];
@@ -103,7 +106,7 @@ static const rs_pvalue *cfg_path(const cfg_scope *s, const char *path,
 }
 
 /* Field `key` of the first section that has it (None counts as absent). */
-static const rs_pvalue *field(const cfg_scope *s, const char *key)
+static const rs_pvalue *field(cfg_scope *s, const char *key)
 {
 	for (int i = 0; i < 4 && s->sections[i]; i++) {
 		const rs_pvalue *v = rs_pv_get(s->sections[i], key);
@@ -118,7 +121,7 @@ static const rs_pvalue *field(const cfg_scope *s, const char *key)
 }
 
 /* A positive int field (required unless *out is preset, the default). */
-static int int_field(const cfg_scope *s, const char *key, bool required,
+static int int_field(cfg_scope *s, const char *key, bool required,
 		     uint64_t *out, const char *where, rs_diag *d)
 {
 	const rs_pvalue *v = field(s, key);
@@ -137,7 +140,7 @@ static int int_field(const cfg_scope *s, const char *key, bool required,
 
 /* A bool field; missing: the default in *out (metaseq's dataclass
  * default). */
-static int bool_field(const cfg_scope *s, const char *key, bool *out,
+static int bool_field(cfg_scope *s, const char *key, bool *out,
 		      const char *where, rs_diag *d)
 {
 	const rs_pvalue *v = field(s, key);

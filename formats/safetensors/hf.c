@@ -11,8 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* transformers' save_pretrained default, max_shard_size "5GB". */
+/* transformers' save_pretrained default, max_shard_size "5GB" (a build
+ * may set another, as the sharding check does). */
+#ifndef HF_SHARD_MAX
 #define HF_SHARD_MAX 5000000000ull
+#endif
 #define HF_NAME_MAX 512
 
 static const char *torch_dtype(rs_dtype t)
