@@ -7,7 +7,7 @@ has torch and fairscale), and the oracles the tests compare against.
         [--ffn 64] [--heads 4] [--vocab 52] [--positions 20]
         [--separate-qkv] [--post-norm] [--untied]
         [--cfg dict|namespace|omegaconf] [--keep-training] [--oracle DIR]
-        [--drop-cfg FIELD]
+        [--drop-cfg FIELD] [--set-cfg FIELD=JSON]
 
 Per model part m (metaseq's tensor-parallel split of the full weights,
 qkv fused per part as [k_m; v_m; q_m] unless --separate-qkv), a module
@@ -73,6 +73,9 @@ def make_cfg(a, M):
     model = cfg_model(a, M)
     for field in a.drop_cfg:
         model.pop(field)
+    for item in a.set_cfg:
+        field, value = item.split("=", 1)
+        model[field] = json.loads(value)
     cfg = {"common": {"model_parallel_size": M, "fp16": True},
            "model": model,
            "distributed_training": {"distributed_world_size": M * a.dp}}
@@ -300,6 +303,10 @@ def main():
     p.add_argument("--oracle")
     p.add_argument("--drop-cfg", action="append", default=[],
                    metavar="FIELD", help="leave FIELD out of cfg.model")
+    p.add_argument("--set-cfg", action="append", default=[],
+                   metavar="FIELD=JSON",
+                   help="write FIELD of cfg.model as this value (the "
+                        "weights stay those of the other arguments)")
     a = p.parse_args()
     out = Path(a.out)
     oracle = Path(a.oracle or f"{a.out}.oracle")

@@ -173,6 +173,32 @@ def test_refuses_what_cfg_does_not_say(made, failing_mount, field):
                    f"model.{field} is missing", "-o params=FILE")
 
 
+@pytest.mark.parametrize("setting,needles", [
+    ("decoder_layers=1", ["reshard-model_part-0.pt",
+                          "model holds decoder.layers.1.flat_param_0, which "
+                          "cfg (1 decoder layers) does not describe"]),
+    ("decoder_layers=3", ["reshard-model_part-0.pt", "cfg says 3 decoder "
+                          "layers but model has no "
+                          "decoder.layers.2.flat_param_0"]),
+    ("model_parallel_size=4", ["model_parallel_size is 4 but SOURCE holds "
+                               "2 model parts"]),
+    ("decoder_ffn_embed_dim=66", ["reshard-model_part-0.pt",
+                                  "decoder.layers.0.flat_param_0: numels "
+                                  "add up to", "but the shards hold"]),
+    ("decoder_embed_dim=30", ["model_parallel_size 2 does not divide"]),
+    ("decoder_learned_pos=false", ["decoder_learned_pos is not true"]),
+    ("decoder_attention_heads=\"4\"",
+     ["model.decoder_attention_heads is something else"]),
+])
+def test_refuses_cfg_that_contradicts_the_file(made, failing_mount, setting,
+                                               needles):
+    """cfg fields that the stored sizes contradict, or that cannot describe
+    an OPT model, are refused with a line naming them."""
+    src, _ = made("release", "--set-cfg", setting)
+    rc, err = failing_mount(src, [])
+    assert_refused(rc, err, *needles)
+
+
 def test_refuses_hf_at_tp2(made, failing_mount):
     src, _ = made("release")
     rc, err = failing_mount(src, ["format=hf", "tp=2"])
