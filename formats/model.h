@@ -60,6 +60,9 @@ typedef struct {
 					 * no_scale_embedding) */
 	rs_dtype dtype;                 /* of the weights */
 	char activation[32];            /* "relu", "gelu", ... */
+	/* With family NULL: why the reader could not describe the model (its
+	 * one line; empty when it has no record of the architecture). */
+	char why[640];
 } rs_model_config;
 
 /* The family of `name` for source ecosystem `from` and target `to`, or

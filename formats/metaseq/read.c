@@ -464,8 +464,11 @@ static void model_config(rs_checkpoint *ck, const ms_file *f0)
 {
 	const ms_cfg *c = &f0->cfg;
 
-	if (!c->ok)
+	if (!c->ok) {
+		snprintf(ck->model.why, sizeof(ck->model.why), "%s",
+			 c->present ? c->why : "");
 		return;
+	}
 	ck->model = c->m;
 	ck->model.family = rs_family_find("opt", "metaseq", "hf");
 	for (size_t i = 0; i < ck->catalog.count; i++) {

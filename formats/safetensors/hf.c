@@ -76,6 +76,30 @@ static int opt_config(const rs_checkpoint *ck, rs_dtype dtype, uint64_t vocab,
 	return 0;
 }
 
+/* A tied output projection is left for HF to tie: it must be the
+ * embeddings (the same stored bytes), not a tensor of its own. */
+static int check_tied(const rs_checkpoint *ck, rs_diag *d)
+{
+	const rs_catalog *c = &ck->catalog;
+	const rs_tensor *e = NULL, *o = NULL;
+
+	for (size_t i = 0; i < c->count; i++) {
+		if (strcmp(c->tensors[i].name, "decoder.embed_tokens.weight") == 0)
+			e = &c->tensors[i];
+		if (strcmp(c->tensors[i].name,
+			   "decoder.output_projection.weight") == 0)
+			o = &c->tensors[i];
+	}
+	if (!ck->model.tied || !o)
+		return 0;
+	if (e && e->nfrags == o->nfrags &&
+	    memcmp(e->frags, o->frags, e->nfrags * sizeof(*e->frags)) == 0)
+		return 0;
+	rs_diag_add(d, "%s: %s says the output projection is tied to the embeddings, but decoder.output_projection.weight is stored apart",
+		    ck->dir_path, ck->model.from);
+	return -EINVAL;
+}
+
 /* What HF's OPT cannot hold, refused with the reason. */
 static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 		       rs_diag *d)
@@ -85,6 +109,11 @@ static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 					    "silu", "tanh", NULL };
 	bool act_ok = false;
 
+	if (!m->family && m->why[0]) {
+		rs_diag_add(d, "%s (the hf view needs the model's architecture)",
+			    m->why);
+		return -EINVAL;
+	}
 	if (!m->family) {
 		rs_diag_add(d, "%s: the hf view needs the model's architecture, and this %s checkpoint does not say it (a metaseq checkpoint's cfg with decoder_layers, decoder_embed_dim, decoder_ffn_embed_dim, decoder_attention_heads and max_target_positions)",
 			    ck->dir_path, ck->format->name);
@@ -121,6 +150,8 @@ int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	uint32_t file;
 	int err = check_model(ck, l, d);
 
+	if (!err)
+		err = check_tied(ck, d);
 	if (err)
 		return err;
 	names = calloc(c->count + 1, sizeof(char *));

@@ -203,3 +203,15 @@ def test_refuses_hf_at_tp2(made, failing_mount):
     src, _ = made("release")
     rc, err = failing_mount(src, ["format=hf", "tp=2"])
     assert_refused(rc, err, "the hf view is one model directory")
+
+
+def test_refuses_hf_without_architecture(tmp_path, failing_mount):
+    """A checkpoint whose cfg does not describe the model (here with
+    shard_metadata, so it mounts otherwise) has no hf view; the line says
+    what cfg lacks."""
+    src = tmp_path / "partial_cfg"
+    run_py(REPO / "scripts" / "make_metaseq_checkpoint.py", src)
+    rc, err = failing_mount(src, ["format=hf"])
+    assert_refused(rc, err, "checkpoint_last-model_part-0-shard0.pt",
+                   "model.decoder_ffn_embed_dim is missing",
+                   "the hf view needs the model's architecture")
