@@ -253,6 +253,12 @@ int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
 			    where);
 		return -EINVAL;
 	}
+	v = field(&s, "alibi");
+	if (v && rs_pv_bool(v, &learned) == 0 && learned) {
+		rs_diag_add(d, "%s: cfg: model.alibi is set: ALiBi models have no position table, which OPT's layout has",
+			    where);
+		return -EINVAL;
+	}
 	v = field(&s, "layernorm_embedding");
 	if (v && rs_pv_bool(v, &learned) == 0 && learned) {
 		rs_diag_add(d, "%s: cfg: model.layernorm_embedding is set: an embedding layer norm is not supported",

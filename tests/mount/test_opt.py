@@ -187,6 +187,7 @@ def test_refuses_what_cfg_does_not_say(made, failing_mount, field):
                                   "add up to", "but the shards hold"]),
     ("decoder_embed_dim=30", ["model_parallel_size 2 does not divide"]),
     ("decoder_learned_pos=false", ["decoder_learned_pos is not true"]),
+    ("alibi=true", ["model.alibi is set"]),
     ("decoder_attention_heads=\"4\"",
      ["model.decoder_attention_heads is something else"]),
 ])
