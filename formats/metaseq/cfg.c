@@ -230,11 +230,10 @@ int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
 			    MS_CFG_MAX_DIM);
 		return -EINVAL;
 	}
-	if (dim % heads || dim % mp || ffn % mp || heads % mp) {
-		rs_diag_add(d, "%s: cfg: model_parallel_size %llu does not divide decoder_embed_dim %llu, decoder_ffn_embed_dim %llu and decoder_attention_heads %llu (or the heads do not divide the embed dim)",
-			    where, (unsigned long long)mp,
-			    (unsigned long long)dim, (unsigned long long)ffn,
-			    (unsigned long long)heads);
+	if (dim % heads) {
+		rs_diag_add(d, "%s: cfg: model.decoder_attention_heads %llu does not divide decoder_embed_dim %llu",
+			    where, (unsigned long long)heads,
+			    (unsigned long long)dim);
 		return -EINVAL;
 	}
 	/* metaseq's ModelParallelTransformerDecoder (arch
@@ -340,7 +339,10 @@ int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
 		     uint32_t nparts, ms_meta *m, const char *where,
 		     rs_diag *d)
 {
-	const uint64_t H = c->m.hidden, M = c->m.source_tp;
+	/* The parts SOURCE holds, not cfg's model_parallel_size, which
+	 * metaseq's resharding tools leave stale: a part missing makes every
+	 * layer's size disagree below. */
+	const uint64_t H = c->m.hidden, M = nparts ? nparts : 1;
 	const uint64_t Hp = H / M, F = c->m.ffn / M;
 	uint64_t rest, sum, first, vp, total;
 	size_t cap = 0, nroot = 0;
@@ -349,9 +351,9 @@ int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
 	int err;
 
 	memset(m, 0, sizeof(*m));
-	if (nparts != M) {
-		rs_diag_add(d, "%s: cfg: model_parallel_size is %llu but SOURCE holds %u model parts",
-			    where, (unsigned long long)M, nparts);
+	if (H % M || c->m.ffn % M || c->m.heads % M) {
+		rs_diag_add(d, "%s: %u model parts do not divide cfg's decoder_embed_dim %u, decoder_ffn_embed_dim %u and decoder_attention_heads %u",
+			    where, nparts, c->m.hidden, c->m.ffn, c->m.heads);
 		return -EINVAL;
 	}
 	/* Each layer, in the order its modules register their params:
@@ -419,6 +421,7 @@ int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
 		root[nroot++] = (pdesc){ "decoder.output_projection.weight",
 					 { vp, H }, 2 };
 	c->m.vocab = vp * M;
+	c->m.source_tp = (uint32_t)M;
 	m->present = true;
 	err = add_flat(m, &cap, "flat_param_0", 0, root, nroot);
 	for (uint32_t i = 0; i < c->m.layers && !err; i++) {

@@ -186,9 +186,10 @@ int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
  * flat_param_0 (embed_tokens, embed_positions, layer_norm, an untied
  * output_projection; the vocab from its size, into c->m.vocab) and each
  * layer's.  Paddings are left to the torch.chunk rule (has_padding
- * false).  Refused (one line, -EINVAL): parts in SOURCE other than cfg's
- * model_parallel_size, a root flat param no vocab fits, a layer flat
- * param missing, a flat param cfg does not describe. */
+ * false), split over the nparts parts SOURCE holds (cfg's
+ * model_parallel_size may be stale).  Refused (one line, -EINVAL): parts
+ * that do not divide the sizes, a root flat param no vocab fits, a layer
+ * flat param missing, a flat param cfg does not describe. */
 int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
 		     uint32_t nparts, ms_meta *m, const char *where,
 		     rs_diag *d);

@@ -388,21 +388,21 @@ static int write_sharded(builder *b, uint64_t shard_max)
 	int err = 0;
 
 	if (!first || !byname) {
-		free(first);
-		free(byname);
-		return -ENOMEM;
+		err = -ENOMEM;
+		goto out;
 	}
-	for (size_t i = 0; i < b->nmembers; i++)
-		if (i == 0 || b->members[i].end - b->members[first[nfiles - 1]].begin >
-				      shard_max)
+	for (size_t i = 0; i < b->nmembers; i++) {
+		uint64_t start = nfiles ? b->members[first[nfiles - 1]].begin : 0;
+
+		if (i == 0 || b->members[i].end - start > shard_max)
 			first[nfiles++] = i;
+	}
 	first[nfiles] = b->nmembers;
 	if (nfiles > 99999) {
-		rs_diag_add(b->d, "%s: the hf view would need %zu files", b->ck->dir_path,
-			    nfiles);
-		free(first);
-		free(byname);
-		return -EINVAL;
+		rs_diag_add(b->d, "%s: the hf view would need %zu files",
+			    b->ck->dir_path, nfiles);
+		err = -EINVAL;
+		goto out;
 	}
 	puts_(&idx, "{\n  \"metadata\": {\n    \"total_size\": ");
 	put_u64(&idx, b->nmembers ? b->members[b->nmembers - 1].end : 0);
@@ -444,9 +444,10 @@ static int write_sharded(builder *b, uint64_t shard_max)
 	}
 	if (!err)
 		err = rs_vtree_append_literal(b->t, file, idx.s, idx.len);
+out:
 	free(idx.s);
-	free(first);
 	free(byname);
+	free(first);
 	return err;
 }
 
@@ -461,7 +462,7 @@ int rs_safetensors_write(const rs_checkpoint *ck, const rs_layout *l,
 		err = plan_members(&b);
 	if (!err)
 		err = check_unique(&b);
-	if (!err && shard_max && b.nmembers &&
+	if (!err && l->tp == 1 && shard_max && b.nmembers &&
 	    b.members[b.nmembers - 1].end > shard_max)
 		err = write_sharded(&b, shard_max);
 	else if (!err && l->tp == 1)

@@ -13,6 +13,7 @@ torch.load(weights_only=True) (against the parts as fairscale's
 consolidate_shard_weights unflattens them).
 """
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -180,12 +181,12 @@ def test_refuses_what_cfg_does_not_say(made, failing_mount, field):
     ("decoder_layers=3", ["reshard-model_part-0.pt", "cfg says 3 decoder "
                           "layers but model has no "
                           "decoder.layers.2.flat_param_0"]),
-    ("model_parallel_size=4", ["model_parallel_size is 4 but SOURCE holds "
-                               "2 model parts"]),
     ("decoder_ffn_embed_dim=66", ["reshard-model_part-0.pt",
                                   "decoder.layers.0.flat_param_0: numels "
                                   "add up to", "but the shards hold"]),
-    ("decoder_embed_dim=30", ["model_parallel_size 2 does not divide"]),
+    ("decoder_embed_dim=30", ["decoder_attention_heads 4 does not divide "
+                              "decoder_embed_dim 30"]),
+    ("decoder_ffn_embed_dim=63", ["2 model parts do not divide"]),
     ("decoder_learned_pos=false", ["decoder_learned_pos is not true"]),
     ("alibi=true", ["model.alibi is set"]),
     ("decoder_attention_heads=\"4\"",
@@ -198,6 +199,26 @@ def test_refuses_cfg_that_contradicts_the_file(made, failing_mount, setting,
     src, _ = made("release", "--set-cfg", setting)
     rc, err = failing_mount(src, [])
     assert_refused(rc, err, *needles)
+
+
+def test_stale_model_parallel_size(made, mount):
+    """metaseq's resharding tools leave cfg's model_parallel_size stale:
+    the parts SOURCE holds decide."""
+    src, oracle = made("release", "--set-cfg", "model_parallel_size=8")
+    m = mount(src, [])
+    check("safetensors", m.mnt / "model.safetensors", oracle)
+
+
+def test_refuses_missing_last_part(made, tmp_path, failing_mount):
+    """Without the last part every layer's flat param is too large for
+    the part count cfg's sizes then imply."""
+    src0, _ = made("release")
+    src = tmp_path / "one_part"
+    shutil.copytree(src0, src)
+    (src / "reshard-model_part-1.pt").unlink()
+    rc, err = failing_mount(src, [])
+    assert_refused(rc, err, "reshard-model_part-0.pt",
+                   "flat_param_0: numels add up to", "but the shards hold")
 
 
 def test_refuses_hf_at_tp2(made, failing_mount):
