@@ -6,7 +6,8 @@ has torch and fairscale), and the oracles the tests compare against.
     make_opt_release.py OUT [--parts 2] [--dp 3] [--layers 2] [--hidden 32]
         [--ffn 64] [--heads 4] [--vocab 52] [--positions 20]
         [--separate-qkv] [--post-norm] [--untied]
-        [--cfg dict|namespace|omegaconf] [--keep-training] [--oracle DIR]
+        [--cfg dict|namespace|omegaconf] [--keep-training | --training-only]
+        [--oracle DIR]
         [--drop-cfg FIELD] [--set-cfg FIELD=JSON]
 
 Per model part m (metaseq's tensor-parallel split of the full weights,
@@ -171,6 +172,7 @@ class Decoder(nn.Module):
     def __init__(self, a, M):
         super().__init__()
         H, Hp, Fp, Vp = a.hidden, a.hidden // M, a.ffn // M, a.vocab // M
+        self.register_buffer("version", torch.Tensor([3]))
         self.embed_tokens = nn.Embedding(Vp, H)
         self.embed_positions = nn.Embedding(a.positions + 2, H)
         self.layers = nn.ModuleList(
@@ -202,6 +204,7 @@ def part_state(a, full, m, M):
     if not a.untied:
         out["decoder.output_projection.weight"] = \
             out["decoder.embed_tokens.weight"]
+    out["decoder.version"] = torch.Tensor([3])
     return out
 
 
@@ -241,7 +244,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def release(out, oracle, m, dp, keep):
+def release(out, oracle, m, dp, keep, training_only=False):
     """reshard_mp.py, target DDP size 1: merge the part's flat shards less
     their padding, .half(), pop shard_metadata, add decoder.version.  The
     part as metaseq holds it, unflattened by fairscale's own
@@ -274,8 +277,9 @@ def release(out, oracle, m, dp, keep):
     model.setdefault("decoder.version", torch.tensor([3.0]).half())
     state.pop("shard_metadata")
     state["model"] = model
-    torch.save(state, out / f"reshard-model_part-{m}.pt")
-    if not keep:
+    if not training_only:
+        torch.save(state, out / f"reshard-model_part-{m}.pt")
+    if not keep and not training_only:
         for p in paths:
             p.unlink()
 
@@ -299,6 +303,9 @@ def main():
                    default="namespace")
     p.add_argument("--keep-training", action="store_true",
                    help="keep the FSDP training shards too")
+    p.add_argument("--training-only", action="store_true",
+                   help="write only the FSDP training shards (with "
+                        "shard_metadata), no release form")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--oracle")
     p.add_argument("--drop-cfg", action="append", default=[],
@@ -319,7 +326,7 @@ def main():
         mp.spawn(rank_main, args=(a, m, M, free_port(), out),
                  nprocs=a.dp,
                  join=True)
-        release(out, oracle, m, a.dp, a.keep_training)
+        release(out, oracle, m, a.dp, a.keep_training, a.training_only)
     for name in ("vocab.json", "merges.txt", "dict.txt"):
         (out / name).write_text(f"{name} of the test tokenizer\n")
 

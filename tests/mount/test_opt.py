@@ -112,6 +112,19 @@ def test_metaseq_view(made, mount, tp):
     check("metaseq", m.mnt, oracle, tp)
 
 
+def test_training_shards(made, mount):
+    """The FSDP training shards themselves (with shard_metadata, padded):
+    the same hf model and the same released parts."""
+    src, oracle = made("release", "--training-only")
+    assert sorted(p.name for p in src.glob("*.pt")) == [
+        f"checkpoint_last-model_part-{m}-shard{r}.pt"
+        for m in range(2) for r in range(3)]
+    m = mount(src, ["format=hf"])
+    check("hf", m.mnt, oracle)
+    m = mount(src, ["format=metaseq", "tp=2"])
+    check("metaseq", m.mnt, oracle, 2)
+
+
 def test_metaseq_view_separate_qkv(made, mount):
     src, oracle = made("omegaconf_kvq")
     m = mount(src, ["format=metaseq", "tp=2"])
