@@ -163,6 +163,7 @@ int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
 		 in_dim = 0, out_dim = 0;
 	bool learned = false, no_final = false, no_scale = false;
 	const char *arch, *act;
+	int64_t mpv;
 	int n = 0, err;
 
 	memset(c, 0, sizeof(*c));
@@ -186,8 +187,11 @@ int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
 	if (!err)
 		err = int_field(&s, "decoder_attention_heads", true, &heads,
 				where, d);
-	if (!err)
-		err = int_field(&s, "model_parallel_size", false, &mp, where, d);
+	/* Informational only (the parts SOURCE holds decide, see
+	 * ms_meta_from_cfg): a value that is no positive int is ignored. */
+	v = field(&s, "model_parallel_size");
+	if (v && rs_pv_int(v, &mpv) == 0 && mpv > 0 && mpv <= UINT32_MAX)
+		mp = (uint64_t)mpv;
 	in_dim = out_dim = dim;
 	if (!err)
 		err = int_field(&s, "decoder_input_dim", false, &in_dim, where, d);
