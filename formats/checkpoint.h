@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "formats/codec/pickle.h"
+#include "formats/model.h"
 #include "planner/catalog.h"
 #include "planner/diag.h"
 #include "planner/layout.h"
@@ -148,6 +149,10 @@ struct rs_checkpoint {
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
 	rs_model_facts facts;
+	/* The architecture, where the reader knows it (the metaseq reader,
+	 * from cfg; family NULL otherwise): what the hf view writes its
+	 * config.json from (formats/model.h). */
+	rs_model_config model;
 	/* Metadata bytes parsed so far (rs_checkpoint_charge), and the
 	 * limits from rs_open_opts. */
 	uint64_t metadata_bytes, max_metadata, max_tensors;

@@ -26,6 +26,7 @@ static const rs_format_def *const formats[] = {
 	&rs_megatron_format,
 	&rs_safetensors_format,
 	&rs_metaseq_format,
+	&rs_hf_format,
 };
 #define NFORMATS (sizeof(formats) / sizeof(formats[0]))
 

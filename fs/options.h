@@ -51,7 +51,8 @@
 	  "JSON sharding rules tried before the built-ins")                   \
 	X(STR, "params", params, "FILE",                                      \
 	  "names and shapes of a metaseq checkpoint's flat\n"                 \
-	  "params, for files without shard_metadata")                         \
+	  "params, for files without shard_metadata whose\n"                 \
+	  "cfg cannot describe them (checked against cfg)")                   \
 	X(STR, "max_tensors", max_tensors_s, "N",                             \
 	  "refuse checkpoints of more tensors (default 262144)")              \
 	X(STR, "max_metadata", max_metadata_s, "SIZE",                        \
@@ -62,8 +63,11 @@
 	  "at least 1M)")                                                     \
 	X(STR, "format", format_s, "FMT",                                     \
 	  "layout of the view: zarr, torch_dist, megatron\n"                  \
-	  "(per-rank .pt) or safetensors (default: the\n"                     \
-	  "source's own; safetensors for metaseq shards)")                    \
+	  "(per-rank .pt), safetensors, hf (an HF\n"                          \
+	  "transformers model directory: config.json and\n"                  \
+	  "HF-named weights) or metaseq (unflattened\n"                      \
+	  "metaseq state dicts per model part) (default:\n"                  \
+	  "the source's own; safetensors for metaseq shards)")                \
 	X(STR, "passthrough", passthrough_s, "MODE",                          \
 	  "auto (default): the kernel reads view files without\n"              \
 	  "the daemon where it can (FUSE passthrough: Linux\n"                \

@@ -1,5 +1,5 @@
 /* metaseq: metaseq/OPT checkpoints saved as fairscale FSDP flat-parameter
- * shards (docs/FORMATS.md, "metaseq"), a source only.
+ * shards (docs/FORMATS.md, "metaseq"), as a source and as a view.
  *
  * Files.  At the top of SOURCE, one checkpoint:
  *   <prefix>model_part-<m>-shard<d>.pt   FSDP shard d of model part m
@@ -10,8 +10,8 @@
  * 0..D-1 (D may differ between parts).  Other files are passed through;
  * the shard files are replaced by the view.
  *
- * Each file is a torch.save zip whose data.pkl is a dict; only "model" and
- * "shard_metadata" are read.  The pickle is read by the restricted reader
+ * Each file is a torch.save zip whose data.pkl is a dict; only "model",
+ * "shard_metadata" and "cfg" (or fairseq's "args") are read.  The pickle is read by the restricted reader
  * (nothing runs) with an allowlist of the GLOBALs metaseq checkpoints name
  * (torch.*, collections.OrderedDict/defaultdict, argparse.Namespace,
  * metaseq.*, fairseq.*, omegaconf.*, numpy scalars and dtypes); any other
@@ -38,9 +38,13 @@
  * is taken from shard 0, as fairscale does with buffers.
  *
  * Files without shard_metadata (or with an empty one) use `params_file`
- * when given (JSON, two forms, see rs_metaseq_read); a single-shard part
- * whose keys hold no flat_param is read as unflattened weights as it is.
- * Otherwise the mount is refused with a line asking for -o params=FILE.
+ * when given (JSON, two forms, see rs_metaseq_read), else the flat params
+ * cfg implies (formats/metaseq/metaseq_int.h, ms_meta_from_cfg: the
+ * release form); a params file must agree with cfg where cfg describes
+ * the model.  A single-shard part whose keys hold no flat_param is read
+ * as unflattened weights as it is.  Otherwise the mount is refused with a
+ * line naming what cfg lacks and asking for -o params=FILE.  What cfg
+ * says of the model goes into ck->model (family "opt") for the hf view.
  *
  * Parts are merged as metaseq's stitch_fsdp_ckpt.py reshard_megatron_parts
  * does, matching key substrings in this order: "qkv" (a fused [k; v; q]
@@ -61,17 +65,27 @@
  * unique; every tensor lies inside its storage and file; dtypes are ones
  * reshardfs knows.
  *
+ * View (-o format=metaseq; needs a metaseq source): one torch.save zip
+ * per model part of the layout's tp, `restored.pt` at tp 1 and
+ * `reshard-model_part-<m>.pt` otherwise, data.pkl {"model": {...},
+ * "cfg": {...}}: part m's slice of every tensor (the layout's TP rules),
+ * q/k/v fused back into qkv_proj = [k_m; v_m; q_m] when the source fused
+ * them, a tied output projection left out, decoder.version kept; cfg the
+ * source's scalars as plain dicts with model_parallel_size the view's tp.
+ * Loads with torch.load(weights_only=True).
+ *
  * Errors: one line per problem in `d`, naming the file (and the flat param
  * or tensor), then -EINVAL; -ENOMEM.  Ownership: everything read goes into
- * `ck` (catalog, entries); nothing else is kept.
+ * `ck` (catalog, entries, model, and in ck->extra the cfg scalars the view
+ * writes back).
  */
 #ifndef RS_METASEQ_H
 #define RS_METASEQ_H
 
 #include "formats/checkpoint.h"
 
-/* The metaseq row of the format table (a source only: its default view
- * is safetensors). */
+/* The metaseq row of the format table (its default view is
+ * safetensors). */
 extern const rs_format_def rs_metaseq_format;
 
 #endif

@@ -1,12 +1,15 @@
-/* metaseq_int: what the metaseq reader's four files share; private to
- * them (formats/metaseq/metaseq.h is the module's contract).
+/* metaseq_int: what the metaseq reader's and view's files share; private
+ * to them (formats/metaseq/metaseq.h is the module's contract).
  *
- *   metaseq_read.c    finds and groups the shard files, reads each one's
- *                     "model" tensors and shard_metadata
- *   metaseq_meta.c    flat-param descriptions from shard_metadata (a
- *                     pickle) or from -o params=FILE (JSON)
- *   metaseq_unflat.c  unflattens each model part's shards
- *   metaseq_stitch.c  merges the parts into the catalog
+ *   read.c    finds and groups the shard files, reads each one's "model"
+ *             tensors, shard_metadata and (the first file's) cfg
+ *   meta.c    flat-param descriptions from shard_metadata (a pickle) or
+ *             from -o params=FILE (JSON)
+ *   cfg.c     the model from cfg, the flat params it implies, the check
+ *             of a params file against them, cfg's scalars for the view
+ *   unflat.c  unflattens each model part's shards
+ *   stitch.c  merges the parts into the catalog
+ *   view.c    the metaseq view
  *
  * Ownership: each struct owns what it points to; the *_free functions
  * release it (safe on a zeroed struct).
@@ -69,6 +72,19 @@ typedef struct {
 	size_t naliases;
 } ms_meta;
 
+/* What cfg (or fairseq's args) says of the model (formats/metaseq/cfg.c). */
+typedef struct {
+	bool present;           /* a cfg with a model section (or args) */
+	rs_model_config m;      /* family unset: the reader sets it */
+	bool scale_embedding;   /* !no_scale_embedding: embeddings times
+				 * sqrt(dim), which HF's OPT does not do */
+	/* Set by the reader (formats/metaseq/read.c): whether cfg described
+	 * the model, else the one line saying why not - reported only when
+	 * something needs cfg (no shard_metadata, the hf view). */
+	bool ok;
+	char why[640];
+} ms_cfg;
+
 typedef struct {
 	const char *name;               /* file name (the entry's) */
 	uint32_t source;
@@ -77,7 +93,43 @@ typedef struct {
 	size_t ntensors;
 	rs_names by_key;                /* the tensors by key */
 	ms_meta meta;
+	ms_cfg cfg;                     /* read from the first file only */
+	struct ms_state *state;         /* the first file's: for ck->extra */
 } ms_file;
+
+/* One scalar of the source's cfg, kept for the metaseq view's cfg. */
+typedef enum { MS_CV_NONE, MS_CV_BOOL, MS_CV_INT, MS_CV_FLOAT, MS_CV_STR } ms_cv_kind;
+
+typedef struct {
+	char *section;                  /* "model"; NULL at cfg's top */
+	char *key;
+	ms_cv_kind kind;
+	bool b;
+	int64_t i;
+	double f;
+	char *s;
+} ms_cv;
+
+/* What the reader keeps in ck->extra for the metaseq view
+ * (formats/metaseq/view.c). */
+typedef struct ms_state {
+	ms_cv *cfg;                     /* cfg's scalars, sections in order */
+	size_t ncfg, cap;
+	bool fused_qkv;                 /* the parts store qkv_proj */
+	bool tied;                      /* output_projection is embed_tokens */
+} ms_state;
+
+void ms_state_free(void *state);
+
+/* cfg's scalars (bools, ints, floats, strings, None; of cfg's top and
+ * of each section one level down, a DictConfig's or Namespace's alike),
+ * or fairseq's args as section "model", appended to st.  Other values
+ * are left out.  0 or -ENOMEM. */
+int ms_cfg_copy(const rs_pvalue *top, ms_state *st);
+
+/* The metaseq view (formats/metaseq/view.c). */
+int rs_metaseq_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			  rs_vtree *t, rs_diag *d);
 
 /* Reads the metaseq checkpoint in ck (ck->sources opened) into its catalog
  * and entries.
@@ -117,6 +169,42 @@ int ms_meta_from_pickle(const rs_pvalue *sm, const char *where, ms_meta *m,
 /* -o params=FILE. */
 int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d);
 void ms_meta_free(ms_meta *m);
+
+
+/* cfg of a parsed data.pkl's top dict `top`: cfg["model"] (a dict, an
+ * OmegaConf DictConfig or an argparse.Namespace; its fields, OmegaConf
+ * value nodes and "${a.b}" interpolations followed), then fairseq's
+ * top-level args, then cfg's common and distributed_training sections.
+ * No cfg leaves c->present false (0).  A field the derivation needs that
+ * is missing or of the wrong type, or a model it cannot describe, is one
+ * line naming the field, -EINVAL. */
+int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
+		rs_diag *d);
+
+/* The flat-param description cfg implies for the files f[0..nshards) of
+ * model part 0 (docs/FORMATS.md, "Deriving the flat params"): the root's
+ * flat_param_0 (embed_tokens, embed_positions, layer_norm, an untied
+ * output_projection; the vocab from its size, into c->m.vocab) and each
+ * layer's.  Paddings are left to the torch.chunk rule (has_padding
+ * false), split over the nparts parts SOURCE holds (cfg's
+ * model_parallel_size may be stale).  Refused (one line, -EINVAL): parts
+ * that do not divide the sizes, a root flat param no vocab fits, a layer
+ * flat param missing, a flat param cfg does not describe. */
+int ms_meta_from_cfg(ms_cfg *c, const ms_file *f, size_t nshards,
+		     uint32_t nparts, ms_meta *m, const char *where,
+		     rs_diag *d);
+
+/* -o params=FILE (`got`, read from `path`) against what cfg implies
+ * (`want`): one line naming the flat param and param that differ. */
+int ms_meta_check(const ms_meta *want, const ms_meta *got, const char *path,
+		  rs_diag *d);
+
+/* "[a, b]" of a shape into out. */
+void ms_shape_text(const uint64_t *shape, int ndim, char *out, size_t size);
+
+/* Whether the file holds a flat param (".flat_param_<n>" or
+ * "flat_param_<n>"). */
+bool ms_holds_flat_key(const ms_file *f);
 
 /* The file's tensor of `key`, or NULL. */
 const ms_tensor *ms_file_find(const ms_file *f, const char *key);

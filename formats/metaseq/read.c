@@ -238,6 +238,31 @@ const ms_tensor *ms_file_find(const ms_file *f, const char *key)
 	return i == SIZE_MAX ? NULL : &f->tensors[i];
 }
 
+/* cfg of the first file, kept with what was wrong with it: a cfg that
+ * does not describe the model refuses the mount only where it is needed
+ * (formats/metaseq/metaseq_int.h, ms_cfg). */
+static int read_cfg(const rs_pvalue *top, ms_file *f, const char *where)
+{
+	rs_diag *cd = rs_diag_new();
+	int err;
+
+	if (!cd)
+		return -ENOMEM;
+	f->state = calloc(1, sizeof(ms_state));
+	err = f->state ? ms_cfg_copy(top, f->state) : -ENOMEM;
+	if (!err)
+		err = ms_cfg_read(top, where, &f->cfg, cd);
+	if (err == -EINVAL) {
+		snprintf(f->cfg.why, sizeof(f->cfg.why), "%s",
+			 rs_diag_count(cd) ? rs_diag_line(cd, 0) : where);
+		err = 0;
+	} else {
+		f->cfg.ok = f->cfg.present;
+	}
+	rs_diag_free(cd);
+	return err;
+}
+
 /* The model dict and shard_metadata of a parsed data.pkl. */
 static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 		     const char *where, rs_diag *d)
@@ -279,6 +304,8 @@ static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 	if (!err)
 		err = ms_meta_from_pickle(rs_pv_get(top, "shard_metadata"),
 					  where, &f->meta, d);
+	if (!err && f->part == 0 && f->shard == 0)
+		err = read_cfg(top, f, where);
 	return err;
 }
 
@@ -350,14 +377,119 @@ static void free_files(ms_file *files, size_t n)
 		free(files[i].tensors);
 		rs_names_free(&files[i].by_key);
 		ms_meta_free(&files[i].meta);
+		ms_state_free(files[i].state);
 	}
 	free(files);
+}
+
+/* Release-form files (no shard_metadata): the flat params cfg implies,
+ * into *derived; a params file is checked against them (and takes cfg's
+ * tied output projection when it names no shared param). */
+static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
+		  uint32_t nparts, const char *params_file,
+		  ms_meta *params, ms_meta *derived, rs_diag *d)
+{
+	char where[MS_WHERE];
+	size_t nshards = 0;
+	int err;
+
+	while (nshards < n && files[nshards].part == 0)
+		nshards++;
+	/* Needed for flat params without shard_metadata only (reshard_fsdp's
+	 * unflattened output has none and needs none). */
+	if (files[0].meta.present || !files[0].cfg.present ||
+	    (nshards == 1 && !ms_holds_flat_key(&files[0])))
+		return 0;
+	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, files[0].name);
+	if (!files[0].cfg.ok) {
+		const char *why = files[0].cfg.why;
+		size_t wl = strlen(where);
+
+		/* Only needed when no params file stands in for it. */
+		if (strncmp(why, where, wl) == 0 && strncmp(why + wl, ": ", 2) == 0)
+			why += wl + 2;
+		if (!params->present)
+			rs_diag_add(d, "%s: has no shard_metadata to unflatten its FSDP flat params with, and its cfg does not describe the model (%s): pass -o params=FILE (names and shapes of the flat params)",
+				    where, why);
+		return params->present ? 0 : -EINVAL;
+	}
+	err = ms_meta_from_cfg(&files[0].cfg, files, nshards, nparts, derived,
+			       where, d);
+	if (!err && params->present)
+		err = ms_meta_check(derived, params, params_file, d);
+	/* The map form cannot say the output projection is tied; cfg does. */
+	if (!err && params->present && !params->naliases) {
+		params->aliases = derived->aliases;
+		params->naliases = derived->naliases;
+		derived->aliases = NULL;
+		derived->naliases = 0;
+	}
+	return err;
+}
+
+/* Whether the parts store a fused qkv_proj: by the description that
+ * unflattened them, else by the stored names. */
+static bool holds_qkv(const ms_file *f0, const ms_meta *other)
+{
+	const ms_meta *m = f0->meta.present ? &f0->meta
+			   : other->present ? other : NULL;
+
+	for (size_t k = 0; m && k < m->nflats; k++)
+		for (size_t i = 0; i < m->flats[k].nparams; i++)
+			if (strstr(m->flats[k].params[i].name, "qkv_proj."))
+				return true;
+	for (size_t i = 0; !m && i < f0->ntensors; i++)
+		if (strstr(f0->tensors[i].key, ".qkv_proj."))
+			return true;
+	return false;
+}
+
+/* Without cfg: an output projection that is a shared param (an alias
+ * of the embeddings: the same fragments). */
+static bool holds_tied(const rs_checkpoint *ck)
+{
+	const rs_tensor *e = NULL, *o = NULL;
+
+	for (size_t i = 0; i < ck->catalog.count; i++) {
+		const rs_tensor *t = &ck->catalog.tensors[i];
+
+		if (strcmp(t->name, "decoder.embed_tokens.weight") == 0)
+			e = t;
+		else if (strcmp(t->name, "decoder.output_projection.weight") == 0)
+			o = t;
+	}
+	return e && o && e->nfrags == o->nfrags && e->nfrags &&
+	       memcmp(e->frags, o->frags, e->nfrags * sizeof(*e->frags)) == 0;
+}
+
+/* What cfg says of the model, for the views (ck->model): the vocab is
+ * the merged embed_tokens' rows. */
+static void model_config(rs_checkpoint *ck, const ms_file *f0)
+{
+	const ms_cfg *c = &f0->cfg;
+
+	if (!c->ok) {
+		snprintf(ck->model.why, sizeof(ck->model.why), "%s",
+			 c->present ? c->why : "");
+		return;
+	}
+	ck->model = c->m;
+	ck->model.family = rs_family_find("opt", "metaseq", "hf");
+	for (size_t i = 0; i < ck->catalog.count; i++) {
+		const rs_tensor *t = &ck->catalog.tensors[i];
+
+		if (strcmp(t->name, "decoder.embed_tokens.weight") == 0 &&
+		    t->ndim == 2) {
+			ck->model.vocab = t->shape[0];
+			ck->model.dtype = t->dtype;
+		}
+	}
 }
 
 int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 {
 	const char *params_file = o->params_file;
-	ms_meta params = { 0 };
+	ms_meta params = { 0 }, derived = { 0 };
 	ms_file *files = NULL;
 	size_t n = 0;
 	uint32_t nparts = 0;
@@ -374,7 +506,23 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	for (size_t i = 0; i < n && !err; i++)
 		err = load_file(ck, &files[i], d);
 	if (!err)
-		err = ms_stitch(ck, files, n, nparts, &params, d);
+		err = derive(ck, files, n, nparts, params_file, &params,
+			     &derived, d);
+	if (!err)
+		err = ms_stitch(ck, files, n, nparts,
+				params.present ? &params : &derived, d);
+	if (!err)
+		model_config(ck, &files[0]);
+	if (!err) {
+		ms_state *st = files[0].state;
+
+		files[0].state = NULL;
+		st->fused_qkv = holds_qkv(&files[0], params.present ? &params
+								    : &derived);
+		st->tied = ck->model.family ? ck->model.tied : holds_tied(ck);
+		ck->extra = st;
+		ck->extra_free = ms_state_free;
+	}
 	for (size_t i = 0; !err && i < ck->nentries; i++) {
 		rs_entry *e = &ck->entries[i];
 
@@ -383,6 +531,7 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	}
 	free_files(files, n);
 	ms_meta_free(&params);
+	ms_meta_free(&derived);
 	return err;
 }
 
@@ -397,5 +546,6 @@ const rs_format_def rs_metaseq_format = {
 	.detect = detect,
 	.looks_like = "*model_part-*.pt files",
 	.read = rs_metaseq_read,
+	.build_view = rs_metaseq_build_view,
 	.default_view = "safetensors",
 };

@@ -36,6 +36,11 @@ static merge_how merge_rule(const char *name, int *dim)
 	}
 	if (strstr(name, "embed_tokens.weight"))
 		return CONCAT;
+	/* Not in stitch_fsdp_ckpt.py, whose models all tie it: an untied
+	 * output projection is column-parallel (vocab rows per part), as the
+	 * flat params cfg implies hold it (formats/metaseq/cfg.c). */
+	if (strstr(name, "output_projection.weight"))
+		return CONCAT;
 	return TAKE_PART0;
 }
 
@@ -96,10 +101,12 @@ static int emit(ms_ctx *c, const char *name, const uint64_t *shape,
 		return err;
 	t = &c->ck->catalog.tensors[index];
 	nfr = 0;
+	/* Through tmp: place writes its output before it knows the fragment
+	 * meets the piece, and t->frags has room for the ones that do. */
 	for (size_t i = 0; i < npcs; i++)
 		for (size_t f = 0; f < pcs[i].t->nfrags; f++)
-			nfr += place(&pcs[i], &pcs[i].t->frags[f],
-				     &t->frags[nfr]);
+			if (place(&pcs[i], &pcs[i].t->frags[f], &tmp))
+				t->frags[nfr++] = tmp;
 	/* Never made regular: a grid that FSDP's shard boundaries happen to
 	 * draw says nothing of the tensor's parallel layout, and the layout
 	 * would take it for one. */

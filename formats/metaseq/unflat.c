@@ -285,8 +285,7 @@ differ:
 	return -EINVAL;
 }
 
-/* A key of a flat param (".flat_param_<n>" or "flat_param_<n>"). */
-static bool holds_flat_key(const ms_file *f)
+bool ms_holds_flat_key(const ms_file *f)
 {
 	for (size_t i = 0; i < f->ntensors; i++) {
 		const char *dot = strrchr(f->tensors[i].key, '.');
@@ -374,7 +373,7 @@ int ms_part_build(ms_ctx *c, ms_part *p, const ms_file *f, size_t nshards,
 		return err;
 	if (!meta && params->present)
 		meta = params;
-	if (!meta && (nshards > 1 || holds_flat_key(&f[0]))) {
+	if (!meta && (nshards > 1 || ms_holds_flat_key(&f[0]))) {
 		rs_diag_add(c->d, "%s: has no shard_metadata to unflatten its FSDP flat params with: pass -o params=FILE (names and shapes of the flat params)",
 			    c->where);
 		return -EINVAL;

@@ -59,4 +59,25 @@
 /* The safetensors row of the format table. */
 extern const rs_format_def rs_safetensors_format;
 
+/* hf view (a view only, -o format=hf; formats/safetensors/hf.c): an HF
+ * transformers model directory of a checkpoint whose reader knows the
+ * architecture (ck->model, a family of formats/model.c).  At the top:
+ *   config.json   the family's HF config (OPT: OPTConfig from cfg -
+ *                 layers, hidden, ffn, heads, max positions, vocab from
+ *                 the embeddings, pre/post norm, the final layer norm,
+ *                 tied output projection, activation, torch_dtype the
+ *                 view's dtype);
+ *   model.safetensors, or past 5 GB of data HF's sharded form
+ *                 (model-0000k-of-0000n.safetensors and
+ *                 model.safetensors.index.json): every tensor under the
+ *                 family table's HF name, the ones it drops left out
+ *                 (decoder.version; a tied output projection, which HF
+ *                 ties itself);
+ *   SOURCE's other files (vocab.json, merges.txt, dict.txt), passed
+ *                 through.
+ * Only at tp 1 (one model).  Refused, one line each: no architecture
+ * known, a tensor the table has no name for, what the family's HF model
+ * cannot express (OPT: scaled embeddings, an unknown activation). */
+extern const rs_format_def rs_hf_format;
+
 #endif

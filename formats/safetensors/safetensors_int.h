@@ -38,6 +38,21 @@ int rs_safetensors_read_header(rs_checkpoint *ck, uint32_t source,
 			       const char *where, const char *text,
 			       size_t len, uint64_t file_size, rs_diag *d);
 
+/* The writer both views use (formats/safetensors/view.c): catalog tensor
+ * i under names[i] (names NULL: the catalog's own; names[i] NULL: left
+ * out), SOURCE's other files carried.  At tp 1, model.safetensors - or,
+ * when shard_max is not 0 and the data pass it, HF's sharded form
+ * (model-0000k-of-0000n.safetensors of at most shard_max data bytes each
+ * but a larger tensor alone, and model.safetensors.index.json); at tp > 1
+ * model-rank-<r>-part-0.safetensors per rank.  Errors as the views'. */
+int rs_safetensors_write(const rs_checkpoint *ck, const rs_layout *l,
+			 rs_vtree *t, const char *const *names,
+			 uint64_t shard_max, rs_diag *d);
+
+/* The hf view (formats/safetensors/hf.c). */
+int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
+		     rs_vtree *t, rs_diag *d);
+
 /* Builds the safetensors view of any checkpoint. */
 int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			      rs_vtree *t, rs_diag *d);

@@ -115,6 +115,7 @@ typedef struct {
 	const rs_layout *l;
 	rs_vtree *t;
 	rs_diag *d;
+	const char *const *names;       /* NULL: the catalog's */
 	member *members;
 	size_t nmembers;
 } builder;
@@ -140,24 +141,27 @@ static int plan_members(builder *b)
 	for (size_t i = 0; i < c->count; i++) {
 		const rs_tensor *ten = &c->tensors[i];
 		const rs_target *tg = &b->l->targets[i];
-		member *m = &b->members[b->nmembers++];
+		member *m;
 		int a = tg->axis;
 		uint64_t numel, bytes, parts;
 
+		if (b->names && !b->names[i])
+			continue;       /* left out of this view */
+		m = &b->members[b->nmembers++];
 		m->tensor = i;
-		m->name = ten->name;
+		m->name = b->names ? b->names[i] : ten->name;
 		m->order = dtype_order(tg->dtype);
 		if (m->order < 0 || !rs_safetensors_dtype_name(tg->dtype)) {
 			rs_diag_add(b->d, "%s: dtype %s has no safetensors spelling",
 				    ten->name, rs_dtype_name(tg->dtype));
 			return -EINVAL;
 		}
-		if (!rs_utf8_valid(ten->name, strlen(ten->name), false)) {
+		if (!rs_utf8_valid(m->name, strlen(m->name), false)) {
 			rs_diag_add(b->d, "%s: tensor name \"%s\" is not valid UTF-8; a safetensors header cannot hold it",
-				    b->ck->dir_path, ten->name);
+				    b->ck->dir_path, m->name);
 			return -EINVAL;
 		}
-		if (strcmp(ten->name, "__metadata__") == 0) {
+		if (strcmp(m->name, "__metadata__") == 0) {
 			rs_diag_add(b->d, "%s: a tensor named \"__metadata__\" would be read as the safetensors header's metadata",
 				    b->ck->dir_path);
 			return -EINVAL;
@@ -223,8 +227,9 @@ static int check_unique(builder *b)
 /* The 8-byte length and the JSON header, as the reference writer lays
  * them out: compact, "__metadata__" first, tensors in data order, spaces
  * up to a multiple of 8 so the data starts aligned. */
-static int header(builder *b, text *h)
+static int header(builder *b, text *h, size_t from, size_t to)
 {
+	uint64_t base = from < to ? b->members[from].begin : 0;
 	const rs_safetensors_meta *meta =
 		b->ck->format == &rs_safetensors_format ? b->ck->extra : NULL;
 	bool has_format = false;
@@ -245,7 +250,7 @@ static int header(builder *b, text *h)
 	if (!has_format)
 		puts_(h, meta && meta->n ? ",\"format\":\"pt\"" : "\"format\":\"pt\"");
 	puts_(h, "}");
-	for (size_t i = 0; i < b->nmembers; i++) {
+	for (size_t i = from; i < to; i++) {
 		const member *m = &b->members[i];
 		const rs_tensor *ten = &b->ck->catalog.tensors[m->tensor];
 
@@ -260,9 +265,9 @@ static int header(builder *b, text *h)
 			put_u64(h, m->shape[k]);
 		}
 		puts_(h, "],\"data_offsets\":[");
-		put_u64(h, m->begin);
+		put_u64(h, m->begin - base);
 		puts_(h, ",");
-		put_u64(h, m->end);
+		put_u64(h, m->end - base);
 		puts_(h, "]}");
 	}
 	puts_(h, "}");
@@ -340,40 +345,141 @@ static int append_shard(builder *b, uint32_t file, const member *m,
 	return 0;
 }
 
-int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
-			      rs_vtree *t, rs_diag *d)
+static int cmp_member_name(const void *a, const void *b)
 {
-	builder b = { .ck = ck, .l = l, .t = t, .d = d };
+	return strcmp((*(const member *const *)a)->name,
+		      (*(const member *const *)b)->name);
+}
+
+/* One file of members [from, to) at the top of the tree. */
+static int write_file(builder *b, const char *name, size_t from, size_t to,
+		      uint32_t rank)
+{
 	text h = { 0 };
+	uint32_t file;
+	int err = header(b, &h, from, to);
+
+	if (!err)
+		err = rs_vtree_add_file(b->t, 0, name, b->ck->root_mtime, &file);
+	if (err == -EEXIST) {
+		rs_diag_add(b->d, "%s/%s: the %s view writes a file of this name itself",
+			    b->ck->dir_path, name,
+			    b->names ? "hf" : "safetensors");
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_vtree_append_literal(b->t, file, h.s, h.len);
+	for (size_t i = from; i < to && !err; i++)
+		err = append_shard(b, file, &b->members[i], rank);
+	free(h.s);
+	return err;
+}
+
+/* HF's sharded form: model-0000k-of-0000n.safetensors of at most
+ * shard_max data bytes each (a larger tensor alone in its file), members
+ * in the writer's order, and model.safetensors.index.json mapping every
+ * name to its file. */
+static int write_sharded(builder *b, uint64_t shard_max)
+{
+	size_t *first = calloc(b->nmembers + 1, sizeof(size_t)), nfiles = 0;
+	const member **byname = calloc(b->nmembers + 1, sizeof(*byname));
+	text idx = { 0 };
+	uint32_t file;
+	int err = 0;
+
+	if (!first || !byname) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < b->nmembers; i++) {
+		uint64_t start = nfiles ? b->members[first[nfiles - 1]].begin : 0;
+
+		if (i == 0 || b->members[i].end - start > shard_max)
+			first[nfiles++] = i;
+	}
+	first[nfiles] = b->nmembers;
+	if (nfiles > 99999) {
+		rs_diag_add(b->d, "%s: the hf view would need %zu files",
+			    b->ck->dir_path, nfiles);
+		err = -EINVAL;
+		goto out;
+	}
+	puts_(&idx, "{\n  \"metadata\": {\n    \"total_size\": ");
+	put_u64(&idx, b->nmembers ? b->members[b->nmembers - 1].end : 0);
+	puts_(&idx, "\n  },\n  \"weight_map\": {");
+	for (size_t k = 0; k < nfiles && !err; k++) {
+		char name[64];
+
+		snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
+			 k + 1, nfiles);
+		err = write_file(b, name, first[k], first[k + 1], 0);
+	}
+	/* weight_map sorted by name, as transformers writes it */
+	for (size_t i = 0; i < b->nmembers; i++)
+		byname[i] = &b->members[i];
+	if (b->nmembers > 1)
+		qsort(byname, b->nmembers, sizeof(*byname), cmp_member_name);
+	for (size_t n = 0; n < b->nmembers && !err; n++) {
+		size_t at = (size_t)(byname[n] - b->members), k = 0;
+		char name[64];
+
+		while (first[k + 1] <= at)
+			k++;
+		snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
+			 k + 1, nfiles);
+		puts_(&idx, n ? ",\n    " : "\n    ");
+		put_str(&idx, byname[n]->name);
+		puts_(&idx, ": ");
+		put_str(&idx, name);
+	}
+	puts_(&idx, "\n  }\n}\n");
+	err = err ? err : idx.err;
+	if (!err)
+		err = rs_vtree_add_file(b->t, 0, "model.safetensors.index.json",
+					b->ck->root_mtime, &file);
+	if (err == -EEXIST) {
+		rs_diag_add(b->d, "%s/model.safetensors.index.json: the hf view writes a file of this name itself",
+			    b->ck->dir_path);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_vtree_append_literal(b->t, file, idx.s, idx.len);
+out:
+	free(idx.s);
+	free(byname);
+	free(first);
+	return err;
+}
+
+int rs_safetensors_write(const rs_checkpoint *ck, const rs_layout *l,
+			 rs_vtree *t, const char *const *names,
+			 uint64_t shard_max, rs_diag *d)
+{
+	builder b = { .ck = ck, .l = l, .t = t, .d = d, .names = names };
 	int err = rs_checkpoint_carry(ck, t);
 
 	if (!err)
 		err = plan_members(&b);
 	if (!err)
 		err = check_unique(&b);
-	if (!err)
-		err = header(&b, &h);
-	for (uint32_t r = 0; r < l->tp && !err; r++) {
+	if (!err && l->tp == 1 && shard_max && b.nmembers &&
+	    b.members[b.nmembers - 1].end > shard_max)
+		err = write_sharded(&b, shard_max);
+	else if (!err && l->tp == 1)
+		err = write_file(&b, "model.safetensors", 0, b.nmembers, 0);
+	for (uint32_t r = 0; l->tp > 1 && r < l->tp && !err; r++) {
 		char name[64];
-		uint32_t file;
 
-		if (l->tp == 1)
-			snprintf(name, sizeof(name), "model.safetensors");
-		else
-			snprintf(name, sizeof(name),
-				 "model-rank-%u-part-0.safetensors", r);
-		err = rs_vtree_add_file(t, 0, name, ck->root_mtime, &file);
-		if (err == -EEXIST) {
-			rs_diag_add(d, "%s/%s: the safetensors view writes a file of this name itself",
-				    ck->dir_path, name);
-			err = -EINVAL;
-		}
-		if (!err)
-			err = rs_vtree_append_literal(t, file, h.s, h.len);
-		for (size_t i = 0; i < b.nmembers && !err; i++)
-			err = append_shard(&b, file, &b.members[i], r);
+		snprintf(name, sizeof(name), "model-rank-%u-part-0.safetensors",
+			 r);
+		err = write_file(&b, name, 0, b.nmembers, r);
 	}
-	free(h.s);
 	free(b.members);
 	return err;
+}
+
+int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
+			      rs_vtree *t, rs_diag *d)
+{
+	return rs_safetensors_write(ck, l, t, NULL, 0, d);
 }

@@ -7,7 +7,10 @@
  * A refusal must be lines naming the file; an accepted description must
  * keep its promises: every param has a name and a shape of at most
  * RS_MAX_DIMS sizes whose product is its numel, and a flat param's numels
- * add up to its total without overflow.
+ * add up to its total without overflow.  The top dict's cfg (or args) goes
+ * to ms_cfg_read and ms_cfg_copy (formats/metaseq/cfg.c): a refusal is
+ * lines naming the file; an accepted model has positive sizes, heads
+ * that divide the width.
  */
 #include "formats/metaseq/metaseq_int.h"
 #include "tests/fuzz/fuzz.h"
@@ -39,6 +42,29 @@ static void check_meta(const ms_meta *m)
 		RS_FUZZ_CHECK(m->buffers[b] != NULL);
 }
 
+static void check_cfg(const rs_pvalue *top)
+{
+	ms_state *st = calloc(1, sizeof(*st));
+	rs_diag *d = rs_diag_new();
+	ms_cfg c;
+	int err;
+
+	RS_FUZZ_CHECK(st && d);
+	err = ms_cfg_read(top, WHERE, &c, d);
+	rs_fuzz_check_diag(d, err, WHERE);
+	if (!err && c.present) {
+		RS_FUZZ_CHECK(c.m.layers && c.m.hidden && c.m.ffn && c.m.heads);
+		RS_FUZZ_CHECK(c.m.source_tp && c.m.hidden % c.m.heads == 0);
+		RS_FUZZ_CHECK(c.m.position_rows == c.m.max_positions + 2);
+	}
+	err = ms_cfg_copy(top, st);
+	RS_FUZZ_CHECK(err == 0 || err == -ENOMEM);
+	for (size_t i = 0; i < st->ncfg; i++)
+		RS_FUZZ_CHECK(st->cfg[i].key && *st->cfg[i].key);
+	ms_state_free(st);
+	rs_diag_free(d);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const rs_pvalue *top, *sm;
@@ -65,6 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_meta(&m);
 	ms_meta_free(&m);
 	rs_diag_free(d);
+	if (ms_dict(rs_pickle_root(pk), &top))
+		check_cfg(top);
 	rs_pickle_free(pk);
 	return 0;
 }

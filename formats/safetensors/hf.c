@@ -1,0 +1,211 @@
+/* hf view: an HF transformers model directory - config.json from what
+ * the reader knows of the architecture (ck->model), the weights under
+ * the family's HF names (formats/model.c) in safetensors files, SOURCE's
+ * other files (tokenizer files) passed through
+ * (formats/safetensors/safetensors.h, "hf view"). */
+#include "formats/safetensors/safetensors.h"
+#include "formats/safetensors/safetensors_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* transformers' save_pretrained default, max_shard_size "5GB" (a build
+ * may set another, as the sharding check does). */
+#ifndef HF_SHARD_MAX
+#define HF_SHARD_MAX 5000000000ull
+#endif
+#define HF_NAME_MAX 512
+
+static const char *torch_dtype(rs_dtype t)
+{
+	switch (t) {
+	case RS_DTYPE_F16: return "float16";
+	case RS_DTYPE_BF16: return "bfloat16";
+	case RS_DTYPE_F32: return "float32";
+	default: return NULL;
+	}
+}
+
+/* OPTConfig's fields (transformers' configuration_opt.py), the ones a
+ * metaseq OPT model fixes; the token ids are metaseq's dictionary's
+ * (<s> 0, <pad> 1, </s> 2). */
+static int opt_config(const rs_checkpoint *ck, rs_dtype dtype, uint64_t vocab,
+		      char **out, size_t *len)
+{
+	const rs_model_config *m = &ck->model;
+	int n = asprintf(out,
+		"{\n"
+		"  \"_name_or_path\": \"\",\n"
+		"  \"activation_dropout\": 0.0,\n"
+		"  \"activation_function\": \"%s\",\n"
+		"  \"architectures\": [\n    \"OPTForCausalLM\"\n  ],\n"
+		"  \"attention_dropout\": 0.0,\n"
+		"  \"bos_token_id\": 2,\n"
+		"  \"do_layer_norm_before\": %s,\n"
+		"  \"dropout\": 0.0,\n"
+		"  \"enable_bias\": true,\n"
+		"  \"eos_token_id\": 2,\n"
+		"  \"ffn_dim\": %u,\n"
+		"  \"hidden_size\": %u,\n"
+		"  \"init_std\": 0.02,\n"
+		"  \"layer_norm_elementwise_affine\": true,\n"
+		"  \"layerdrop\": 0.0,\n"
+		"  \"max_position_embeddings\": %llu,\n"
+		"  \"model_type\": \"opt\",\n"
+		"  \"num_attention_heads\": %u,\n"
+		"  \"num_hidden_layers\": %u,\n"
+		"  \"pad_token_id\": 1,\n"
+		"  \"tie_word_embeddings\": %s,\n"
+		"  \"torch_dtype\": \"%s\",\n"
+		"  \"use_cache\": true,\n"
+		"  \"vocab_size\": %llu,\n"
+		"  \"word_embed_proj_dim\": %u,\n"
+		"  \"_remove_final_layer_norm\": %s\n"
+		"}\n",
+		m->activation, m->pre_norm ? "true" : "false", m->ffn,
+		m->hidden, (unsigned long long)m->max_positions, m->heads,
+		m->layers, m->tied ? "true" : "false", torch_dtype(dtype),
+		(unsigned long long)vocab, m->hidden,
+		m->pre_norm && !m->final_norm ? "true" : "false");
+
+	if (n < 0)
+		return -ENOMEM;
+	*len = (size_t)n;
+	return 0;
+}
+
+/* A tied output projection is left for HF to tie: it must be the
+ * embeddings (the same stored bytes), not a tensor of its own. */
+static int check_tied(const rs_checkpoint *ck, rs_diag *d)
+{
+	const rs_catalog *c = &ck->catalog;
+	const rs_tensor *e = NULL, *o = NULL;
+
+	for (size_t i = 0; i < c->count; i++) {
+		if (strcmp(c->tensors[i].name, "decoder.embed_tokens.weight") == 0)
+			e = &c->tensors[i];
+		if (strcmp(c->tensors[i].name,
+			   "decoder.output_projection.weight") == 0)
+			o = &c->tensors[i];
+	}
+	if (!ck->model.tied || !o)
+		return 0;
+	if (e && e->nfrags == o->nfrags &&
+	    memcmp(e->frags, o->frags, e->nfrags * sizeof(*e->frags)) == 0)
+		return 0;
+	rs_diag_add(d, "%s: %s says the output projection is tied to the embeddings, but decoder.output_projection.weight is stored apart",
+		    ck->dir_path, ck->model.from);
+	return -EINVAL;
+}
+
+/* What HF's OPT cannot hold, refused with the reason. */
+static int check_model(const rs_checkpoint *ck, const rs_layout *l,
+		       rs_diag *d)
+{
+	const rs_model_config *m = &ck->model;
+	static const char *const acts[] = { "relu", "gelu", "gelu_new",
+					    "silu", "tanh", NULL };
+	bool act_ok = false;
+
+	if (!m->family && m->why[0]) {
+		rs_diag_add(d, "%s (the hf view needs the model's architecture)",
+			    m->why);
+		return -EINVAL;
+	}
+	if (!m->family) {
+		rs_diag_add(d, "%s: the hf view needs the model's architecture, and this %s checkpoint does not say it (a metaseq checkpoint's cfg with decoder_layers, decoder_embed_dim, decoder_ffn_embed_dim, decoder_attention_heads and max_target_positions)",
+			    ck->dir_path, ck->format->name);
+		return -EINVAL;
+	}
+	if (l->tp != 1) {
+		rs_diag_add(d, "%s: the hf view is one model directory: mount it without tp= (or with tp=1)",
+			    ck->dir_path);
+		return -EINVAL;
+	}
+	if (m->embed_scaled) {
+		rs_diag_add(d, "%s: %s: no_scale_embedding is false (embeddings times sqrt(%u)), which HF's OPT cannot express",
+			    ck->dir_path, m->from, m->hidden);
+		return -EINVAL;
+	}
+	for (int i = 0; acts[i]; i++)
+		act_ok = act_ok || strcmp(acts[i], m->activation) == 0;
+	if (!act_ok) {
+		rs_diag_add(d, "%s: %s: activation_fn \"%s\" has no HF OPT counterpart",
+			    ck->dir_path, m->from, m->activation);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
+		     rs_vtree *t, rs_diag *d)
+{
+	const rs_catalog *c = &ck->catalog;
+	char **names = NULL, *config = NULL;
+	rs_dtype dtype = RS_DTYPE_INVALID;
+	uint64_t vocab = 0;
+	size_t len = 0;
+	uint32_t file;
+	int err = check_model(ck, l, d);
+
+	if (!err)
+		err = check_tied(ck, d);
+	if (err)
+		return err;
+	names = calloc(c->count + 1, sizeof(char *));
+	if (!names)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->count && !err; i++) {
+		char buf[HF_NAME_MAX];
+		int r = rs_family_rename(ck->model.family, ck->model.tied,
+					 c->tensors[i].name, buf, sizeof(buf));
+
+		if (r < 0) {
+			rs_diag_add(d, "%s: %s has no HF %s name (%s)",
+				    ck->dir_path, c->tensors[i].name,
+				    ck->model.family->name,
+				    r == -ENOENT ? "the hf view knows the names in formats/model.c"
+						 : "too long");
+			err = -EINVAL;
+		} else if (r == 1 && !(names[i] = strdup(buf))) {
+			err = -ENOMEM;
+		}
+		if (!err && strcmp(c->tensors[i].name,
+				   "decoder.embed_tokens.weight") == 0) {
+			vocab = l->targets[i].shape[0];
+			dtype = l->targets[i].dtype;
+		}
+	}
+	if (!err && (!vocab || !torch_dtype(dtype))) {
+		rs_diag_add(d, "%s: the hf view needs decoder.embed_tokens.weight in float16, bfloat16 or float32",
+			    ck->dir_path);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_safetensors_write(ck, l, t, (const char *const *)names,
+					   HF_SHARD_MAX, d);
+	if (!err)
+		err = opt_config(ck, dtype, vocab, &config, &len);
+	if (!err)
+		err = rs_vtree_add_file(t, 0, "config.json", ck->root_mtime,
+					&file);
+	if (err == -EEXIST) {
+		rs_diag_add(d, "%s/config.json: the hf view writes a file of this name itself",
+			    ck->dir_path);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_vtree_append_literal(t, file, config, len);
+	for (size_t i = 0; i < c->count; i++)
+		free(names[i]);
+	free(names);
+	free(config);
+	return err;
+}
+
+const rs_format_def rs_hf_format = {
+	.name = "hf",
+	.build_view = rs_hf_build_view,
+};
