@@ -327,6 +327,7 @@ static bool stored(const ms_file *f, size_t nshards, const char *key,
 		   uint64_t *sum, uint64_t *first)
 {
 	*sum = 0;
+	*first = 0;
 	for (size_t r = 0; r < nshards; r++) {
 		const ms_tensor *t = ms_file_find(&f[r], key);
 

@@ -253,7 +253,9 @@ static int read_cfg(const rs_pvalue *top, ms_file *f, const char *where)
 	if (!err)
 		err = ms_cfg_read(top, where, &f->cfg, cd);
 	if (err == -EINVAL) {
-		snprintf(f->cfg.why, sizeof(f->cfg.why), "%s",
+		/* The first problem, cut to the field's size. */
+		snprintf(f->cfg.why, sizeof(f->cfg.why), "%.*s",
+			 (int)sizeof(f->cfg.why) - 1,
 			 rs_diag_count(cd) ? rs_diag_line(cd, 0) : where);
 		err = 0;
 	} else {
