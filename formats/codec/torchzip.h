@@ -163,6 +163,18 @@ int rs_zip_layout_build(rs_zip_layout *l, const char *archive,
 			unsigned flags);
 void rs_zip_layout_free(rs_zip_layout *l);
 
+/* Lays out a whole torch.save file as torch 2.x writes one, its records
+ * in torch's order: data.pkl (the n_storages storages' pickle, copied),
+ * .format_version, .storage_alignment, byteorder ("little"), the
+ * storages data/0 .. data/<n-1> (provided later, sizes[k] bytes each),
+ * version and .data/serialization_id.  Storage k is layout entry
+ * RS_ZIP_TORCH_SAVE_STORAGE0 + k.  CRCs of the storages stay 0, as
+ * torch.load does not check them.  Errors as rs_zip_layout_build. */
+#define RS_ZIP_TORCH_SAVE_STORAGE0 4
+int rs_zip_layout_torch_save(rs_zip_layout *l, const char *archive,
+			     const void *pkl, size_t pkl_len,
+			     const uint64_t *sizes, size_t n);
+
 /* Writes crc into every CRC field of provided entry `entry`.  -EINVAL for
  * an entry that is not provided or out of range. */
 int rs_zip_patch_crc(rs_zip_layout *l, size_t entry, uint32_t crc);

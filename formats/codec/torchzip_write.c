@@ -21,6 +21,8 @@
 #include "planner/source.h"
 
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -421,6 +423,44 @@ void rs_zip_layout_free(rs_zip_layout *l)
 	free(l->lit);
 	free(l->lit_at);
 	memset(l, 0, sizeof(*l));
+}
+
+int rs_zip_layout_torch_save(rs_zip_layout *l, const char *archive,
+			     const void *pkl, size_t pkl_len,
+			     const uint64_t *sizes, size_t n)
+{
+	static const char serial_id[] = "0000000000000000000000000000000000000000";
+	const size_t first = RS_ZIP_TORCH_SAVE_STORAGE0;
+	rs_zip_input *in;
+	char (*names)[32];
+	int err;
+
+	memset(l, 0, sizeof(*l));
+	if (n > SIZE_MAX / sizeof(*names) - first - 2)
+		return -EFBIG;
+	in = calloc(n + first + 2, sizeof(*in));
+	names = calloc(n + 1, sizeof(*names));
+	if (!in || !names) {
+		free(in);
+		free(names);
+		return -ENOMEM;
+	}
+	in[0] = (rs_zip_input){ "data.pkl", pkl, pkl_len, false };
+	in[1] = (rs_zip_input){ ".format_version", "1", 1, false };
+	in[2] = (rs_zip_input){ ".storage_alignment", "64", 2, false };
+	in[3] = (rs_zip_input){ "byteorder", "little", 6, false };
+	for (size_t k = 0; k < n; k++) {
+		snprintf(names[k], sizeof(names[k]), "data/%zu", k);
+		in[first + k] = (rs_zip_input){ names[k], NULL, sizes[k], true };
+	}
+	in[first + n] = (rs_zip_input){ "version", "3\n", 2, false };
+	in[first + n + 1] = (rs_zip_input){ ".data/serialization_id",
+					     serial_id, 40, false };
+	err = rs_zip_layout_build(l, archive, in, n + first + 2, 0,
+				  RS_ZIP_CRC_ZERO);
+	free(names);
+	free(in);
+	return err;
 }
 
 int rs_zip_patch_crc(rs_zip_layout *l, size_t entry, uint32_t crc)

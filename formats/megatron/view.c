@@ -433,10 +433,8 @@ static int append_record(builder *b, uint32_t file, const item *it)
 /* One rank file: the zip around data.pkl and the tensor records. */
 static int build_file(builder *b, uint32_t file)
 {
-	static const char serial_id[] = "0000000000000000000000000000000000000000";
-	rs_zip_input *in = NULL;
-	char (*names)[32] = NULL;
 	rs_zip_layout z = { 0 };
+	uint64_t *sizes = NULL;
 	uint8_t *pkl = NULL;
 	size_t pkl_len, n;
 	int err;
@@ -450,26 +448,15 @@ static int build_file(builder *b, uint32_t file)
 	if (err)
 		return err;
 	n = b->nkeys_written;
-	in = calloc(n + 6, sizeof(*in));
-	names = calloc(n + 1, sizeof(*names));
-	if (!in || !names) {
+	sizes = malloc((n + 1) * sizeof(*sizes));
+	if (!sizes) {
 		err = -ENOMEM;
 		goto out;
 	}
-	/* Records in the order torch.save writes them. */
-	in[0] = (rs_zip_input){ "data.pkl", pkl, pkl_len, false };
-	in[1] = (rs_zip_input){ ".format_version", "1", 1, false };
-	in[2] = (rs_zip_input){ ".storage_alignment", "64", 2, false };
-	in[3] = (rs_zip_input){ "byteorder", "little", 6, false };
-	for (size_t k = 0; k < n; k++) {
-		snprintf(names[k], sizeof(names[k]), "data/%zu", k);
-		in[4 + k] = (rs_zip_input){ names[k], NULL,
-					    b->items[b->order[k]].bytes, true };
-	}
-	in[4 + n] = (rs_zip_input){ "version", "3\n", 2, false };
-	in[5 + n] = (rs_zip_input){ ".data/serialization_id", serial_id, 40, false };
-	err = rs_zip_layout_build(&z, "model_optim_rng", in, n + 6, 0,
-				  RS_ZIP_CRC_ZERO);
+	for (size_t k = 0; k < n; k++)
+		sizes[k] = b->items[b->order[k]].bytes;
+	err = rs_zip_layout_torch_save(&z, "model_optim_rng", pkl, pkl_len,
+				       sizes, n);
 	for (size_t p = 0; p < z.npieces && !err; p++) {
 		const rs_zip_piece *pc = &z.pieces[p];
 
@@ -478,12 +465,12 @@ static int build_file(builder *b, uint32_t file)
 						      pc->length);
 		else
 			err = append_record(b, file,
-					    &b->items[b->order[pc->entry - 4]]);
+					    &b->items[b->order[pc->entry -
+						RS_ZIP_TORCH_SAVE_STORAGE0]]);
 	}
 out:
 	rs_zip_layout_free(&z);
-	free(names);
-	free(in);
+	free(sizes);
 	free(pkl);
 	return err;
 }

@@ -102,10 +102,8 @@ static int append_chunk(builder *b, item *it)
 {
 	const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
 	rs_dtype dtype = b->l->targets[it->tensor].dtype;
-	static const char serial_id[] = "0000000000000000000000000000000000000000";
 	uint64_t bytes = rs_dtype_size(dtype);
 	uint32_t file = b->files[it->rank];
-	rs_zip_input in[7];
 	rs_zip_layout z = { 0 };
 	uint8_t *pkl = NULL;
 	size_t pkl_len;
@@ -117,15 +115,7 @@ static int append_chunk(builder *b, item *it)
 	err = tensor_pickle(dtype, &it->box, &pkl, &pkl_len);
 	if (err)
 		return err;
-	/* Records in the order torch.save writes them. */
-	in[0] = (rs_zip_input){ "data.pkl", pkl, pkl_len, false };
-	in[1] = (rs_zip_input){ ".format_version", "1", 1, false };
-	in[2] = (rs_zip_input){ ".storage_alignment", "64", 2, false };
-	in[3] = (rs_zip_input){ "byteorder", "little", 6, false };
-	in[4] = (rs_zip_input){ "data/0", NULL, bytes, true };
-	in[5] = (rs_zip_input){ "version", "3\n", 2, false };
-	in[6] = (rs_zip_input){ ".data/serialization_id", serial_id, 40, false };
-	err = rs_zip_layout_build(&z, "archive", in, 7, 0, RS_ZIP_CRC_ZERO);
+	err = rs_zip_layout_torch_save(&z, "archive", pkl, pkl_len, &bytes, 1);
 	free(pkl);
 	if (err)
 		return err;
