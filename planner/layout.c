@@ -242,3 +242,10 @@ void rs_layout_free(rs_layout *l)
 	free(l->targets);
 	memset(l, 0, sizeof(*l));
 }
+
+void rs_target_shard_shape(const rs_target *tg, uint64_t shape[RS_MAX_DIMS])
+{
+	memcpy(shape, tg->shape, sizeof(tg->shape));
+	if (tg->axis >= 0)
+		shape[tg->axis] = tg->chunk[tg->axis] * tg->multiplier;
+}

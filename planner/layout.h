@@ -78,6 +78,21 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 		      const rs_layout_opts *opts, rs_layout *out, rs_diag *d);
 void rs_layout_free(rs_layout *l);
 
+/* One TP rank's shard of a target, as a per-rank view stores it: the
+ * target's shape with the split axis (if any) chunk x multiplier long,
+ * the rank's `multiplier` pieces side by side. */
+void rs_target_shard_shape(const rs_target *tg, uint64_t shape[RS_MAX_DIMS]);
+
+/* Where piece j (< multiplier) of TP rank r's shard starts along the
+ * split axis of the tensor: pieces of all ranks interleave, rank-major
+ * within each of the multiplier groups (fused gate/up, q/k/v groups). */
+static inline uint64_t rs_target_piece_offset(const rs_target *tg,
+					      uint32_t tp, uint32_t r,
+					      uint32_t j)
+{
+	return ((uint64_t)j * tp + r) * tg->chunk[tg->axis];
+}
+
 /* ceil(v / (div*tp)) * div*tp, or 0 on overflow. */
 uint64_t rs_padded_vocab(uint64_t v, uint32_t div, uint32_t tp);
 

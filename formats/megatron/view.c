@@ -86,16 +86,6 @@ static void free_items(builder *b)
 	b->nitems = 0;
 }
 
-/* Rank r's shape of a tensor: the split axis cut to m chunks. */
-static void shard_shape(const builder *b, size_t tensor, uint64_t *shape)
-{
-	const rs_target *tg = &b->l->targets[tensor];
-
-	memcpy(shape, tg->shape, sizeof(tg->shape));
-	if (tg->axis >= 0)
-		shape[tg->axis] = tg->chunk[tg->axis] * tg->multiplier;
-}
-
 static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 {
 	const rs_meg_tensor *mt = &b->st->tensors[tensor];
@@ -112,7 +102,7 @@ static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 	it->tensor = tensor;
 	it->head = head;
 	it->chunk = chunk;
-	shard_shape(b, tensor, it->shape);
+	rs_target_shard_shape(&b->l->targets[tensor], it->shape);
 	if (!rs_product(it->shape, ten->ndim, &it->bytes) ||
 	    !rs_mul_u64(it->bytes, rs_dtype_size(b->l->targets[tensor].dtype),
 			&it->bytes))
@@ -419,8 +409,8 @@ static int append_record(builder *b, uint32_t file, const item *it)
 		memcpy(box.len, tg->shape, sizeof(box.len));
 		if (tg->axis >= 0) {
 			box.len[tg->axis] = tg->chunk[tg->axis];
-			box.off[tg->axis] = ((uint64_t)j * b->tp + b->r) *
-					    tg->chunk[tg->axis];
+			box.off[tg->axis] =
+				rs_target_piece_offset(tg, b->tp, b->r, j);
 		}
 		err = rs_plan_box(ten, &box, box.len, &plan);
 		if (!err)

@@ -45,17 +45,6 @@ typedef struct {
 	size_t n, cap;
 } builder;
 
-/* Part `part`'s shape of catalog tensor i: the split axis cut to its
- * chunk (times the multiplier). */
-static void part_shape(const builder *b, size_t i, uint64_t *shape)
-{
-	const rs_target *tg = &b->l->targets[i];
-
-	memcpy(shape, tg->shape, sizeof(tg->shape));
-	if (tg->axis >= 0)
-		shape[tg->axis] = tg->chunk[tg->axis] * tg->multiplier;
-}
-
 /* The catalog index of `name`, or SIZE_MAX. */
 static size_t find(const rs_catalog *c, const char *name)
 {
@@ -95,7 +84,7 @@ static int add_item(builder *b, item *it)
 		uint64_t shape[RS_MAX_DIMS], n;
 		size_t i = it->src[s];
 
-		part_shape(b, i, shape);
+		rs_target_shard_shape(&b->l->targets[i], shape);
 		if (s == 0) {
 			it->ndim = c->tensors[i].ndim;
 			memcpy(it->shape, shape, sizeof(shape));
@@ -301,9 +290,8 @@ static int append_record(builder *b, uint32_t file, const item *it)
 			memcpy(box.len, tg->shape, sizeof(box.len));
 			if (tg->axis >= 0) {
 				box.len[tg->axis] = tg->chunk[tg->axis];
-				box.off[tg->axis] = ((uint64_t)j * b->l->tp +
-						     b->part) *
-						    tg->chunk[tg->axis];
+				box.off[tg->axis] = rs_target_piece_offset(
+					tg, b->l->tp, b->part, j);
 			}
 			if (ten->ndim && box.len[0] == 0)
 				continue;

@@ -320,7 +320,7 @@ static int append_shard(builder *b, uint32_t file, const member *m,
 	c = tg->chunk[a];
 	box.len[a] = c;
 	if (tg->multiplier == 1) {
-		box.off[a] = rank * c;
+		box.off[a] = rs_target_piece_offset(tg, b->l->tp, rank, 0);
 		return append_box(b, file, ten, tg, &box);
 	}
 	for (int k = 0; k < a; k++) {
@@ -336,7 +336,8 @@ static int append_shard(builder *b, uint32_t file, const member *m,
 	do {
 		memcpy(box.off, idx, (size_t)a * sizeof(uint64_t));
 		for (uint32_t j = 0; j < tg->multiplier; j++) {
-			box.off[a] = ((uint64_t)j * b->l->tp + rank) * c;
+			box.off[a] = rs_target_piece_offset(tg, b->l->tp,
+							    rank, j);
 			err = append_box(b, file, ten, tg, &box);
 			if (err)
 				return err;
