@@ -442,32 +442,31 @@ void rs_passthrough_forget(rs_passthrough *p, uint32_t node)
 		rs_snapshots_drop(p->snapshots, node);
 }
 
+/* `"name": value` pairs of n counters, comma-separated, into buf (sized
+ * for the names: at most 20 digits each). */
+static void json_counts(char *buf, size_t size, const char *const *names,
+			const uint64_t *v, int n)
+{
+	size_t at = 0;
+
+	buf[0] = 0;
+	for (int k = 0; k < n && at < size; k++)
+		at += (size_t)snprintf(buf + at, size - at, "%s\"%s\": %llu",
+				       k ? ", " : "", names[k],
+				       (unsigned long long)v[k]);
+}
+
 char *rs_passthrough_stats_json(rs_passthrough *p)
 {
 	rs_snapshot_stats ss = { 0 };
 	char opens[200], now[200], fb[400], why[200], *out = NULL;
-	size_t at = 0;
 
 	if (p->snapshots)
 		rs_snapshots_get_stats(p->snapshots, &ss);
 	pthread_mutex_lock(&p->lock);
-	for (int k = 0; k < RS_OPEN_KINDS; k++)
-		at += (size_t)snprintf(opens + at, sizeof(opens) - at,
-				       "%s\"%s\": %llu", k ? ", " : "",
-				       kind_names[k],
-				       (unsigned long long)p->opens[k]);
-	at = 0;
-	for (int k = 0; k < RS_OPEN_KINDS; k++)
-		at += (size_t)snprintf(now + at, sizeof(now) - at,
-				       "%s\"%s\": %llu", k ? ", " : "",
-				       kind_names[k],
-				       (unsigned long long)p->open_now[k]);
-	at = 0;
-	for (int r = 0; r < FB_REASONS; r++)
-		at += (size_t)snprintf(fb + at, sizeof(fb) - at,
-				       "%s\"%s\": %llu", r ? ", " : "",
-				       fallback_names[r],
-				       (unsigned long long)p->fallbacks[r]);
+	json_counts(opens, sizeof(opens), kind_names, p->opens, RS_OPEN_KINDS);
+	json_counts(now, sizeof(now), kind_names, p->open_now, RS_OPEN_KINDS);
+	json_counts(fb, sizeof(fb), fallback_names, p->fallbacks, FB_REASONS);
 	snprintf(why, sizeof(why), "%s", p->why);
 	pthread_mutex_unlock(&p->lock);
 	for (char *c = why; *c; c++)
