@@ -56,7 +56,7 @@ DTYPES = {"fp16": torch.float16, "fp32": torch.float32,
           "bf16": torch.bfloat16}
 
 
-def _fake_metaseq_meters():
+def fake_metaseq_meters():
     """Meter objects pickled the way metaseq's extra_state["metrics"]
     pickles them (GLOBAL metaseq.logging.meters.<class> + BUILD), without
     metaseq installed."""
@@ -180,7 +180,7 @@ def make(a):
     M = a.parts
     D = a.shards if a.form == "fsdp" else 1
     prefix = a.prefix if a.form == "fsdp" else "reshard-"
-    AverageMeter = _fake_metaseq_meters()
+    AverageMeter = fake_metaseq_meters()
     version = torch.tensor([3.0])
     tied = [("decoder.embed_tokens.weight",
              "decoder.output_projection.weight")]

@@ -40,13 +40,16 @@ import json
 import os
 import socket
 import sys
-import types
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# metaseq's extra_state meters, pickled as metaseq pickles them
+from make_metaseq_checkpoint import fake_metaseq_meters as fake_meters  # noqa: E402
 
 
 def cfg_model(a, M):
@@ -86,22 +89,6 @@ def make_cfg(a, M):
         from omegaconf import OmegaConf
         cfg = OmegaConf.create(cfg)
     return cfg
-
-
-def fake_meters():
-    """metaseq.logging.meters.AverageMeter as metaseq's extra_state
-    pickles it, without metaseq installed."""
-    for n in ["metaseq", "metaseq.logging", "metaseq.logging.meters"]:
-        sys.modules.setdefault(n, types.ModuleType(n))
-    mod = sys.modules["metaseq.logging.meters"]
-
-    class AverageMeter:
-        def __init__(self, val, n):
-            self.val, self.count, self.sum = val, n, val * n
-    AverageMeter.__module__ = "metaseq.logging.meters"
-    AverageMeter.__qualname__ = AverageMeter.__name__ = "AverageMeter"
-    mod.AverageMeter = AverageMeter
-    return AverageMeter
 
 
 def full_weights(a):
