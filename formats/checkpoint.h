@@ -117,11 +117,21 @@ typedef struct {
 } rs_blob;
 
 /* What the tensor shapes cannot tell about the model, from the
- * checkpoint's own records (Megatron's args, an HF config.json); 0 where
- * unknown.  The layout refuses a TP that would cut a query group. */
+ * checkpoint's own records (Megatron's args, an HF config.json); 0 (NAN
+ * for the doubles, -1 for the tri-states) where unknown.  The layout
+ * refuses a TP that would cut a query group; the bridge
+ * (formats/bridge.h) takes the rest for an HF config.json. */
 typedef struct {
 	uint32_t heads;         /* attention heads */
 	uint32_t query_groups;  /* GQA query groups (KV heads); heads for MHA */
+	uint32_t head_dim;      /* kv_channels */
+	uint64_t vocab;         /* the true vocab (args.vocab_size) */
+	uint64_t max_positions;
+	double norm_eps, rope_theta;
+	int tied;               /* output layer shares the embeddings */
+	int gated;              /* swiglu */
+	char normalization[16]; /* "RMSNorm", "LayerNorm" */
+	char position[16];      /* position_embedding_type: "rope", ... */
 	const char *from;       /* which record said so, for messages */
 } rs_model_facts;
 
@@ -196,8 +206,11 @@ int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
 
 /* Megatron's saved args (an argparse.Namespace's parsed state dict: the
  * legacy rank files' and a dist checkpoint's common.pt `args`) into
- * ck->facts: num_attention_heads, and num_query_groups when
- * group_query_attention is set.  `from` names the record in messages. */
+ * ck->facts: num_attention_heads, num_query_groups when
+ * group_query_attention is set, kv_channels, vocab_size, norm_epsilon,
+ * rotary_base, max_position_embeddings,
+ * untie_embeddings_and_output_weights, swiglu, normalization and
+ * position_embedding_type.  `from` names the record in messages. */
 void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
 				   const char *from);
 

@@ -1,43 +1,118 @@
-/* The model families and their name tables (formats/model.h). */
+/* The model families' tables (formats/model.h): which tensor of one
+ * ecosystem is made of which of another's, and how. */
 #include "formats/model.h"
 
-#include <errno.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#define ROW(to, op, ...) { to, RS_MAP_##op, { __VA_ARGS__ }, RS_WHEN_ALWAYS }
+#define ROW_IF(when, to, op, ...) { to, RS_MAP_##op, { __VA_ARGS__ }, RS_WHEN_##when }
+#define END { NULL, 0, { NULL }, 0 }
 
 /* OPT: metaseq's TransformerDecoder names, the fused qkv_proj already
  * split into k/v/q_proj by the reader (formats/metaseq/stitch.c), to HF
  * transformers' OPTForCausalLM (the names its OPTDecoder registers). */
-static const rs_name_pair opt_metaseq_hf[] = {
-	{ "decoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", 0 },
-	{ "decoder.embed_positions.weight", "model.decoder.embed_positions.weight", 0 },
-	{ "decoder.layer_norm.weight", "model.decoder.final_layer_norm.weight", 0 },
-	{ "decoder.layer_norm.bias", "model.decoder.final_layer_norm.bias", 0 },
-	{ "decoder.layers.#.self_attn.q_proj.weight", "model.decoder.layers.#.self_attn.q_proj.weight", 0 },
-	{ "decoder.layers.#.self_attn.q_proj.bias", "model.decoder.layers.#.self_attn.q_proj.bias", 0 },
-	{ "decoder.layers.#.self_attn.k_proj.weight", "model.decoder.layers.#.self_attn.k_proj.weight", 0 },
-	{ "decoder.layers.#.self_attn.k_proj.bias", "model.decoder.layers.#.self_attn.k_proj.bias", 0 },
-	{ "decoder.layers.#.self_attn.v_proj.weight", "model.decoder.layers.#.self_attn.v_proj.weight", 0 },
-	{ "decoder.layers.#.self_attn.v_proj.bias", "model.decoder.layers.#.self_attn.v_proj.bias", 0 },
-	{ "decoder.layers.#.self_attn.out_proj.weight", "model.decoder.layers.#.self_attn.out_proj.weight", 0 },
-	{ "decoder.layers.#.self_attn.out_proj.bias", "model.decoder.layers.#.self_attn.out_proj.bias", 0 },
-	{ "decoder.layers.#.self_attn_layer_norm.weight", "model.decoder.layers.#.self_attn_layer_norm.weight", 0 },
-	{ "decoder.layers.#.self_attn_layer_norm.bias", "model.decoder.layers.#.self_attn_layer_norm.bias", 0 },
-	{ "decoder.layers.#.fc1.weight", "model.decoder.layers.#.fc1.weight", 0 },
-	{ "decoder.layers.#.fc1.bias", "model.decoder.layers.#.fc1.bias", 0 },
-	{ "decoder.layers.#.fc2.weight", "model.decoder.layers.#.fc2.weight", 0 },
-	{ "decoder.layers.#.fc2.bias", "model.decoder.layers.#.fc2.bias", 0 },
-	{ "decoder.layers.#.final_layer_norm.weight", "model.decoder.layers.#.final_layer_norm.weight", 0 },
-	{ "decoder.layers.#.final_layer_norm.bias", "model.decoder.layers.#.final_layer_norm.bias", 0 },
+static const rs_map_row opt_metaseq_hf[] = {
+	ROW("model.decoder.embed_tokens.weight", SAME, "decoder.embed_tokens.weight"),
+	ROW("model.decoder.embed_positions.weight", SAME, "decoder.embed_positions.weight"),
+	ROW("model.decoder.final_layer_norm.weight", SAME, "decoder.layer_norm.weight"),
+	ROW("model.decoder.final_layer_norm.bias", SAME, "decoder.layer_norm.bias"),
+	ROW("model.decoder.layers.#.self_attn.q_proj.weight", SAME, "decoder.layers.#.self_attn.q_proj.weight"),
+	ROW("model.decoder.layers.#.self_attn.q_proj.bias", SAME, "decoder.layers.#.self_attn.q_proj.bias"),
+	ROW("model.decoder.layers.#.self_attn.k_proj.weight", SAME, "decoder.layers.#.self_attn.k_proj.weight"),
+	ROW("model.decoder.layers.#.self_attn.k_proj.bias", SAME, "decoder.layers.#.self_attn.k_proj.bias"),
+	ROW("model.decoder.layers.#.self_attn.v_proj.weight", SAME, "decoder.layers.#.self_attn.v_proj.weight"),
+	ROW("model.decoder.layers.#.self_attn.v_proj.bias", SAME, "decoder.layers.#.self_attn.v_proj.bias"),
+	ROW("model.decoder.layers.#.self_attn.out_proj.weight", SAME, "decoder.layers.#.self_attn.out_proj.weight"),
+	ROW("model.decoder.layers.#.self_attn.out_proj.bias", SAME, "decoder.layers.#.self_attn.out_proj.bias"),
+	ROW("model.decoder.layers.#.self_attn_layer_norm.weight", SAME, "decoder.layers.#.self_attn_layer_norm.weight"),
+	ROW("model.decoder.layers.#.self_attn_layer_norm.bias", SAME, "decoder.layers.#.self_attn_layer_norm.bias"),
+	ROW("model.decoder.layers.#.fc1.weight", SAME, "decoder.layers.#.fc1.weight"),
+	ROW("model.decoder.layers.#.fc1.bias", SAME, "decoder.layers.#.fc1.bias"),
+	ROW("model.decoder.layers.#.fc2.weight", SAME, "decoder.layers.#.fc2.weight"),
+	ROW("model.decoder.layers.#.fc2.bias", SAME, "decoder.layers.#.fc2.bias"),
+	ROW("model.decoder.layers.#.final_layer_norm.weight", SAME, "decoder.layers.#.final_layer_norm.weight"),
+	ROW("model.decoder.layers.#.final_layer_norm.bias", SAME, "decoder.layers.#.final_layer_norm.bias"),
 	/* HF ties lm_head.weight to the embeddings and saves it not at all */
-	{ "decoder.output_projection.weight", NULL, RS_WHEN_TIED },
-	{ "decoder.output_projection.weight", "lm_head.weight", RS_WHEN_UNTIED },
-	{ "decoder.version", NULL, 0 },
-	{ NULL, NULL, 0 },
+	ROW_IF(TIED, NULL, SAME, "decoder.output_projection.weight"),
+	ROW_IF(UNTIED, "lm_head.weight", SAME, "decoder.output_projection.weight"),
+	ROW(NULL, SAME, "decoder.version"),
+	END,
+};
+
+/* Llama (RMSNorm, SwiGLU, RoPE, no biases) from megatron-core's GPTModel
+ * to HF's LlamaForCausalLM.  Both of megatron-core's layer specs save the
+ * norms in the fused names of TE's layers (the local spec maps
+ * input_layernorm and pre_mlp_layernorm to them in its
+ * sharded_state_dict); a plain state dict of the local spec (per-rank
+ * files) keeps the separate names.  Optimizer states have no place in an
+ * HF model directory. */
+static const rs_map_row llama_mcore_hf[] = {
+	ROW("model.embed_tokens.weight", VOCAB, "embedding.word_embeddings.weight"),
+	ROW_IF(UNTIED, "lm_head.weight", VOCAB, "output_layer.weight"),
+	ROW_IF(TIED, NULL, SAME, "output_layer.weight"),
+	ROW("model.norm.weight", SAME, "decoder.final_layernorm.weight"),
+	ROW("model.layers.#.self_attn.q_proj.weight", QKV_Q, "decoder.layers.#.self_attention.linear_qkv.weight"),
+	ROW("model.layers.#.self_attn.k_proj.weight", QKV_K, "decoder.layers.#.self_attention.linear_qkv.weight"),
+	ROW("model.layers.#.self_attn.v_proj.weight", QKV_V, "decoder.layers.#.self_attention.linear_qkv.weight"),
+	ROW("model.layers.#.self_attn.o_proj.weight", SAME, "decoder.layers.#.self_attention.linear_proj.weight"),
+	ROW("model.layers.#.input_layernorm.weight", SAME, "decoder.layers.#.self_attention.linear_qkv.layer_norm_weight"),
+	ROW("model.layers.#.input_layernorm.weight", SAME, "decoder.layers.#.input_layernorm.weight"),
+	ROW("model.layers.#.post_attention_layernorm.weight", SAME, "decoder.layers.#.mlp.linear_fc1.layer_norm_weight"),
+	ROW("model.layers.#.post_attention_layernorm.weight", SAME, "decoder.layers.#.pre_mlp_layernorm.weight"),
+	ROW("model.layers.#.mlp.gate_proj.weight", HALF_0, "decoder.layers.#.mlp.linear_fc1.weight"),
+	ROW("model.layers.#.mlp.up_proj.weight", HALF_1, "decoder.layers.#.mlp.linear_fc1.weight"),
+	ROW("model.layers.#.mlp.down_proj.weight", SAME, "decoder.layers.#.mlp.linear_fc2.weight"),
+	/* Megatron-LM's legacy GPT model (per-rank files of
+	 * --normalization RMSNorm --swiglu --disable-bias-linear
+	 * --position-embedding-type rope) */
+	ROW("model.embed_tokens.weight", VOCAB, "language_model.embedding.word_embeddings.weight"),
+	ROW_IF(UNTIED, "lm_head.weight", VOCAB, "language_model.output_layer.weight"),
+	ROW_IF(TIED, NULL, SAME, "language_model.output_layer.weight"),
+	ROW("model.norm.weight", SAME, "language_model.encoder.final_norm.weight"),
+	ROW("model.layers.#.self_attn.q_proj.weight", QKV_Q, "language_model.encoder.layers.#.self_attention.query_key_value.weight"),
+	ROW("model.layers.#.self_attn.k_proj.weight", QKV_K, "language_model.encoder.layers.#.self_attention.query_key_value.weight"),
+	ROW("model.layers.#.self_attn.v_proj.weight", QKV_V, "language_model.encoder.layers.#.self_attention.query_key_value.weight"),
+	ROW("model.layers.#.self_attn.o_proj.weight", SAME, "language_model.encoder.layers.#.self_attention.dense.weight"),
+	ROW("model.layers.#.input_layernorm.weight", SAME, "language_model.encoder.layers.#.input_norm.weight"),
+	ROW("model.layers.#.post_attention_layernorm.weight", SAME, "language_model.encoder.layers.#.post_attention_norm.weight"),
+	ROW("model.layers.#.mlp.gate_proj.weight", HALF_0, "language_model.encoder.layers.#.mlp.dense_h_to_4h.weight"),
+	ROW("model.layers.#.mlp.up_proj.weight", HALF_1, "language_model.encoder.layers.#.mlp.dense_h_to_4h.weight"),
+	ROW("model.layers.#.mlp.down_proj.weight", SAME, "language_model.encoder.layers.#.mlp.dense_4h_to_h.weight"),
+	ROW(NULL, SAME, "optimizer.*"),
+	END,
+};
+
+/* The reverse: an HF Llama under megatron-core GPTModel's dist
+ * checkpoint names, layers stacked, as both layer specs load them. */
+static const rs_map_row llama_hf_mcore[] = {
+	ROW("embedding.word_embeddings.weight", SAME, "model.embed_tokens.weight"),
+	ROW_IF(UNTIED, "output_layer.weight", SAME, "lm_head.weight"),
+	ROW_IF(TIED, NULL, SAME, "lm_head.weight"),
+	ROW("decoder.final_layernorm.weight", SAME, "model.norm.weight"),
+	ROW("decoder.layers.#.self_attention.linear_qkv.weight", FUSE_QKV,
+	    "model.layers.#.self_attn.q_proj.weight",
+	    "model.layers.#.self_attn.k_proj.weight",
+	    "model.layers.#.self_attn.v_proj.weight"),
+	ROW("decoder.layers.#.self_attention.linear_qkv.layer_norm_weight", SAME, "model.layers.#.input_layernorm.weight"),
+	ROW("decoder.layers.#.self_attention.linear_proj.weight", SAME, "model.layers.#.self_attn.o_proj.weight"),
+	ROW("decoder.layers.#.mlp.linear_fc1.layer_norm_weight", SAME, "model.layers.#.post_attention_layernorm.weight"),
+	ROW("decoder.layers.#.mlp.linear_fc1.weight", CAT,
+	    "model.layers.#.mlp.gate_proj.weight",
+	    "model.layers.#.mlp.up_proj.weight"),
+	ROW("decoder.layers.#.mlp.linear_fc2.weight", SAME, "model.layers.#.mlp.down_proj.weight"),
+	/* older transformers saved RoPE's inverse frequencies */
+	ROW(NULL, SAME, "model.layers.#.self_attn.rotary_emb.inv_freq"),
+	END,
 };
 
 static const rs_family families[] = {
-	{ "opt", "metaseq", "hf", opt_metaseq_hf },
+	{ "opt", "metaseq", "hf", opt_metaseq_hf, false, NULL,
+	  "decoder.embed_tokens.weight" },
+	{ "llama", "mcore", "hf", llama_mcore_hf, false, "model.",
+	  "embedding.word_embeddings.weight" },
+	{ "llama", "hf", "mcore", llama_hf_mcore, true, NULL,
+	  "model.embed_tokens.weight" },
 };
 
 const rs_family *rs_family_find(const char *name, const char *from,
@@ -51,51 +126,41 @@ const rs_family *rs_family_find(const char *name, const char *from,
 	return NULL;
 }
 
-/* Whether name matches pattern; *num (at most 20 digits) receives what
- * '#' stood for. */
-static bool match(const char *pat, const char *name, char *num)
-{
-	num[0] = 0;
-	for (; *pat; pat++) {
-		if (*pat == '#') {
-			size_t n = strspn(name, "0123456789");
+static const struct {
+	const char *name;
+	int sources;
+} ops[] = {
+	[RS_MAP_SAME] = { "same", 1 },
+	[RS_MAP_QKV_Q] = { "qkv_q", 1 },
+	[RS_MAP_QKV_K] = { "qkv_k", 1 },
+	[RS_MAP_QKV_V] = { "qkv_v", 1 },
+	[RS_MAP_FUSE_QKV] = { "fuse_qkv", 3 },
+	[RS_MAP_HALF_0] = { "half_0", 1 },
+	[RS_MAP_HALF_1] = { "half_1", 1 },
+	[RS_MAP_CAT] = { "cat", 2 },
+	[RS_MAP_VOCAB] = { "vocab", 1 },
+};
 
-			if (n == 0 || n > 20)
-				return false;
-			memcpy(num, name, n);
-			num[n] = 0;
-			name += n;
-		} else if (*pat != *name++) {
-			return false;
-		}
-	}
-	return *name == 0;
+int rs_map_op_from_name(const char *s)
+{
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (strcmp(ops[i].name, s) == 0)
+			return (int)i;
+	return -1;
 }
 
-int rs_family_rename(const rs_family *f, bool tied, const char *name,
-		     char *out, size_t size)
+const char *rs_map_op_name(rs_map_op op)
 {
-	for (const rs_name_pair *p = f->pairs; p->from; p++) {
-		char num[24];
-		size_t at = 0;
+	return (size_t)op < sizeof(ops) / sizeof(ops[0]) ? ops[op].name : NULL;
+}
 
-		if ((p->when == RS_WHEN_TIED && !tied) ||
-		    (p->when == RS_WHEN_UNTIED && tied) ||
-		    !match(p->from, name, num))
-			continue;
-		if (!p->to)
-			return 0;
-		for (const char *s = p->to; *s; s++) {
-			const char *piece = *s == '#' ? num : s;
-			size_t n = *s == '#' ? strlen(num) : 1;
+int rs_map_op_sources(rs_map_op op)
+{
+	return (size_t)op < sizeof(ops) / sizeof(ops[0]) ? ops[op].sources : 0;
+}
 
-			if (at + n >= size)
-				return -ENAMETOOLONG;
-			memcpy(out + at, piece, n);
-			at += n;
-		}
-		out[at] = 0;
-		return 1;
-	}
-	return -ENOENT;
+void rs_model_config_free(rs_model_config *m)
+{
+	free(m->hf_config);
+	m->hf_config = NULL;
 }

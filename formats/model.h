@@ -1,17 +1,31 @@
 /* model: what a checkpoint says of its model's architecture, and the
- * tables that rename its tensors between ecosystems (metaseq, HF
- * transformers, and next Megatron), one table per model family.
+ * tables that map its tensors between ecosystems (metaseq and Megatron
+ * to HF transformers, HF to Megatron), one table per model family and
+ * direction.
  *
- * A reader that knows the architecture (the metaseq reader, from cfg)
- * fills ck->model; a view that writes another ecosystem's files (the hf
- * view, formats/safetensors/hf.c) takes the family's table from here and
- * the hyperparameters for its config.  Data, not code: a family is a row
- * of rs_families (formats/model.c) with its name pairs; a pattern's '#'
- * stands for a layer number (decimal digits) and comes back the same in
- * the other name.
+ * Data, not code.  A family (formats/model.c) is a list of rows; each
+ * row says how one tensor of the target ecosystem is made of one or more
+ * tensors of the source: which (name patterns), and how (an op, below).
+ * Users add rows, or whole families, with the "names" list of a -o rules=
+ * file (formats/bridge.h; the schema is in reshardfs(1)).  The engine that
+ * applies a table is formats/bridge.c; the ops are row selections along
+ * the first axis after the layer axis, so every target tensor is pieces
+ * of stored tensors (planner fragments), never a copy.
  *
- * Ownership: rs_model_config holds no pointers it owns (strings are
- * static or in fixed arrays).  Functions return 0 or a negative errno.
+ * Patterns: a '#' stands for a decimal number (a layer) and comes back
+ * the same in the other name; a second '#' is a second number (an
+ * expert).  A source stored with its layers stacked (megatron-core's
+ * dist checkpoints: decoder.layers.mlp.linear_fc1.weight of [L, ...])
+ * matches a pattern with its first "#." left out, its axis 0 being the
+ * layer.  A family whose `stack` is set writes its targets that way too.
+ * In a row that drops tensors (`to` NULL), a '*' matches any run of
+ * characters.
+ *
+ * Ownership: the built-in tables are static; rows made from a rules file
+ * are owned by the rule set that parsed them (formats/bridge.h).
+ * rs_model_config holds the user's hf_config text (owned, freed with the
+ * checkpoint: rs_model_config_free).  Functions return 0 or a negative
+ * errno.
  */
 #ifndef RS_MODEL_H
 #define RS_MODEL_H
@@ -22,35 +36,70 @@
 
 #include "planner/dtype.h"
 
-/* One pair of a family's table: the source ecosystem's name and the
- * target's (NULL: the tensor has no place there and is left out, as
- * metaseq's decoder.version is in HF).  `when` limits a pair to models
- * with (RS_WHEN_TIED) or without (RS_WHEN_UNTIED) a tied output
- * projection. */
+/* A row applies always, or only to models with (TIED) or without
+ * (UNTIED) an output projection tied to the embeddings. */
 typedef enum { RS_WHEN_ALWAYS = 0, RS_WHEN_TIED, RS_WHEN_UNTIED } rs_when;
 
+/* How a target tensor is made of its sources' rows (axis 0 after the
+ * layer axis).  H heads, G query groups, d = rows per head:
+ *   SAME      from[0] as it is;
+ *   QKV_Q/K/V megatron's fused qkv, G groups of [q (H/G heads); k; v]
+ *             rows: the q, k or v rows of every group, in group order;
+ *   FUSE_QKV  the reverse: from q, k and v (from[0..2]), groups
+ *             interleaved;
+ *   HALF_0/1  the first or second half of the rows ([gate; up]);
+ *   CAT       from[0]'s rows then from[1]'s;
+ *   VOCAB     the first `vocab` rows (padding dropped). */
+typedef enum {
+	RS_MAP_SAME = 0,
+	RS_MAP_QKV_Q,
+	RS_MAP_QKV_K,
+	RS_MAP_QKV_V,
+	RS_MAP_FUSE_QKV,
+	RS_MAP_HALF_0,
+	RS_MAP_HALF_1,
+	RS_MAP_CAT,
+	RS_MAP_VOCAB,
+} rs_map_op;
+
+#define RS_MAP_MAX_FROM 3
+
+/* One row: target `to` (NULL: the sources are left out of the view) made
+ * by `op` of from[0..] (NULL-terminated when fewer than
+ * RS_MAP_MAX_FROM). */
 typedef struct {
-	const char *from, *to;
+	const char *to;
+	rs_map_op op;
+	const char *from[RS_MAP_MAX_FROM];
 	rs_when when;
-} rs_name_pair;
+} rs_map_row;
 
 typedef struct rs_family {
-	const char *name;               /* "opt" */
-	const char *from;               /* the source ecosystem: "metaseq" */
-	const char *to;                 /* "hf" */
-	const rs_name_pair *pairs;      /* ends with from == NULL */
+	const char *name;               /* "llama" */
+	const char *from;               /* source ecosystem: "mcore" */
+	const char *to;                 /* target ecosystem: "hf" */
+	const rs_map_row *rows;         /* ends with a row of from[0] NULL */
+	bool stack;                     /* targets stack their layers */
+	const char *strip;              /* a prefix source names may carry
+					 * (NeMo's "model."), or NULL */
+	const char *embed;              /* the source's embeddings, which a
+					 * tied output projection must be */
 } rs_family;
 
-/* The architecture as far as a reader knows it (0 / false: unknown). */
+/* The architecture as far as the checkpoint and the user tell it (0 /
+ * false / NAN: unknown). */
 typedef struct {
 	const rs_family *family;        /* NULL: no description */
 	const char *from;               /* what said so ("cfg"), for messages */
 	uint32_t layers, hidden, ffn, heads;
-	uint64_t vocab;                 /* of the whole model, all TP parts */
+	uint32_t kv_heads, head_dim;    /* query groups; rows per head */
+	uint64_t vocab;                 /* of the whole model, all TP parts,
+					 * without padding */
 	uint64_t max_positions;         /* positions the model takes */
 	uint64_t position_rows;         /* rows of the position table (metaseq
 					 * and HF OPT: max_positions + 2) */
 	uint32_t source_tp;             /* model parts in SOURCE */
+	double norm_eps, rope_theta;    /* RMSNorm epsilon, RoPE base */
 	bool pre_norm;                  /* layer norm before each block */
 	bool final_norm;                /* a final layer norm after the last */
 	bool tied;                      /* output projection = embeddings */
@@ -60,20 +109,26 @@ typedef struct {
 					 * no_scale_embedding) */
 	rs_dtype dtype;                 /* of the weights */
 	char activation[32];            /* "relu", "gelu", ... */
+	/* -o hf_config=FILE's text (a JSON object), whose other fields the
+	 * hf view copies into config.json; NULL when not given. */
+	char *hf_config;
 	/* With family NULL: why the reader could not describe the model (its
 	 * one line; empty when it has no record of the architecture). */
 	char why[640];
 } rs_model_config;
 
-/* The family of `name` for source ecosystem `from` and target `to`, or
- * NULL. */
+/* The built-in family `name` from ecosystem `from` to `to`, or NULL. */
 const rs_family *rs_family_find(const char *name, const char *from,
 				const char *to);
 
-/* Renames `name` by family f's table into out[size]: 1 when renamed,
- * 0 when the table drops it (a NULL target), -ENOENT when no pair
- * matches, -ENAMETOOLONG when out is too small. */
-int rs_family_rename(const rs_family *f, bool tied, const char *name,
-		     char *out, size_t size);
+/* The op of a name as rules files spell it ("same", "qkv_q", ...) and
+ * back; -1 / NULL when there is none. */
+int rs_map_op_from_name(const char *s);
+const char *rs_map_op_name(rs_map_op op);
+
+/* The sources an op takes. */
+int rs_map_op_sources(rs_map_op op);
+
+void rs_model_config_free(rs_model_config *m);
 
 #endif

@@ -18,6 +18,7 @@
 #include "fs/fs.h"
 #include "fs/log.h"
 #include "fs/options.h"
+#include "formats/bridge/bridge.h"
 
 /* Threads that build blocks ahead of sequential readers (fs/prefetch.h). */
 #define PREFETCH_THREADS 2
@@ -101,6 +102,31 @@ static void warn_heads(const rs_checkpoint *ck, const rs_layout *l)
 		l->tp, f->query_groups, f->heads, f->from, whole);
 }
 
+/* The checkpoint under another ecosystem's names, when the options ask
+ * for it (formats/bridge/bridge.h).  megatron-core pads the vocab of the
+ * models it builds: an HF model under its names is padded its way unless
+ * -o vocab_size= says otherwise. */
+static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
+		  rs_diag *d, char *summary, size_t size)
+{
+	rs_bridge_opts bo = { fs->view_format, o->names, o->hf_config,
+			      o->rules, o->layout.vocab_size };
+	int err = rs_bridge_wanted(&fs->ck, &bo, d);
+
+	if (err > 0)
+		err = rs_bridge_apply(&fs->ck, &bo, d);
+	if (err) {
+		snprintf(summary, size, "this %s checkpoint cannot be shown %s",
+			 fs->ck.format->name,
+			 o->names ? "under megatron-core names"
+				  : "as an HF transformers model");
+		return err;
+	}
+	if (o->names && !lo->vocab_size)
+		lo->vocab_size = fs->ck.model.vocab;
+	return 0;
+}
+
 /* Catalog, layout and tree; on failure prints why: a one-line summary,
  * then every problem. */
 static int build(rs_fs *fs, const rs_options *o)
@@ -127,6 +153,11 @@ static int build(rs_fs *fs, const rs_options *o)
 		snprintf(summary, sizeof(summary), "not a checkpoint reshardfs can read");
 		goto out;
 	}
+	fs->view_format = o->view_format ? o->view_format
+					 : rs_format_default_view(fs->ck.format);
+	err = bridge(fs, o, &lo, d, summary, sizeof(summary));
+	if (err)
+		goto out_ck;
 	err = rs_layout_resolve(&fs->ck.catalog, rules, &lo, &fs->layout, d);
 	if (err) {
 		char tps[400];
@@ -142,8 +173,6 @@ static int build(rs_fs *fs, const rs_options *o)
 				 "the layout does not fit this %s checkpoint", fs->ck.format->name);
 		goto out_ck;
 	}
-	fs->view_format = o->view_format ? o->view_format
-					 : rs_format_default_view(fs->ck.format);
 	err = rs_checkpoint_build_view(&fs->ck, fs->view_format, &fs->layout,
 				       &fs->tree, d);
 	if (err) {

@@ -307,16 +307,29 @@ int rs_options_validate(rs_options *o)
 	}
 	/* Read later, by whichever reader needs them: a FIFO or a device
 	 * there would block the mount, so they must be regular files. */
-	for (int i = 0; i < 2; i++) {
-		const char *path = i ? o->params : o->rules;
+	for (int i = 0; i < 3; i++) {
+		static const char *const opt[] = { "rules", "params", "hf_config" };
+		const char *path = i == 0 ? o->rules : i == 1 ? o->params
+							     : o->hf_config;
 		struct stat st;
 
 		/* (one that cannot be stat'ed is reported by its reader) */
 		if (path && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
 			fprintf(stderr, "reshardfs: -o %s=%s: must be a regular file\n",
-				i ? "params" : "rules", path);
+				opt[i], path);
 			bad = -1;
 		}
+	}
+	if (o->names && strcmp(o->names, "mcore") != 0) {
+		fprintf(stderr, "reshardfs: -o names=%s: must be mcore\n", o->names);
+		bad = -1;
+	}
+	if (o->shard_size_s &&
+	    (parse_size(o->shard_size_s, &o->layout.shard_size) ||
+	     o->layout.shard_size < 1024)) {
+		fprintf(stderr, "reshardfs: -o shard_size=%s: must be a size of at least 1K (bytes, or with K, M, G, T)\n",
+			o->shard_size_s);
+		bad = -1;
 	}
 	if (o->max_tensors_s &&
 	    (parse_u64(o->max_tensors_s, &o->max_tensors) || !o->max_tensors)) {

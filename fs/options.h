@@ -68,6 +68,17 @@
 	  "HF-named weights) or metaseq (unflattened\n"                      \
 	  "metaseq state dicts per model part) (default:\n"                  \
 	  "the source's own; safetensors for metaseq shards)")                \
+	X(STR, "names", names, "ECO",                                         \
+	  "mcore: an HF Llama directory under megatron-core\n"               \
+	  "GPTModel names (with format=zarr, torch_dist or\n"               \
+	  "megatron, at any tp)")                                             \
+	X(STR, "hf_config", hf_config, "FILE",                                \
+	  "JSON of LlamaConfig fields for format=hf of a\n"                 \
+	  "Megatron checkpoint: what its args do not record\n"              \
+	  "(checked against them and the shapes)")                            \
+	X(STR, "shard_size", shard_size_s, "SIZE",                            \
+	  "format=hf: the most weight bytes per safetensors\n"              \
+	  "file before HF's sharded form (default 5G)")                       \
 	X(STR, "passthrough", passthrough_s, "MODE",                          \
 	  "auto (default): the kernel reads view files without\n"              \
 	  "the daemon where it can (FUSE passthrough: Linux\n"                \
@@ -108,7 +119,8 @@ typedef struct {
 	bool dry_run;           /* --dry-run: print the view, mount nothing */
 	bool verbose;           /* -v: with --dry-run, a line per tensor */
 	/* Each option's value as given (NULL: not given): rules and params
-	 * are used as they are, the others converted into the fields above
+	 * (and names, hf_config) are used as they are, the others
+	 * converted into the fields above
 	 * by rs_options_validate. */
 	RS_OPTIONS(RS_OPTION_FIELD)
 	bool in_gpus;           /* parsing: the last option was gpus= */

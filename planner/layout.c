@@ -222,6 +222,7 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 	if (retarget(c, opts, out, d))
 		err = -EINVAL;
 	out->dtype = opts->dtype;
+	out->shard_size = opts->shard_size;
 	for (size_t i = 0; i < c->count; i++) {
 		rs_target *tg = &out->targets[i];
 

@@ -44,6 +44,9 @@ typedef struct {
 	uint32_t vocab_divisor; /* 0: RS_DEFAULT_VOCAB_DIVISOR */
 	rs_dtype dtype;         /* floating-point tensors shown as this;
 				 * RS_DTYPE_INVALID: as stored */
+	uint64_t shard_size;    /* views that cut their weights into files
+				 * (hf): the most data bytes per file; 0:
+				 * the view's default */
 } rs_layout_opts;
 
 typedef struct {
@@ -70,6 +73,7 @@ typedef struct {
 				   * pipeline layout otherwise */
 	uint64_t layers;        /* 0 when no layer count was found */
 	rs_dtype dtype;         /* opts.dtype: INVALID when as stored */
+	uint64_t shard_size;    /* opts.shard_size */
 	rs_target *targets;     /* one per catalog tensor, same order */
 	size_t count;
 } rs_layout;

@@ -1,12 +1,14 @@
 /* hf view: an HF transformers model directory - config.json from what
- * the reader knows of the architecture (ck->model), the weights under
- * the family's HF names (formats/model.c) in safetensors files, SOURCE's
- * other files (tokenizer files) passed through
- * (formats/safetensors/safetensors.h, "hf view"). */
+ * the reader and the bridge know of the architecture (ck->model), the
+ * weights (already under the family's HF names: formats/bridge/bridge.h)
+ * in safetensors files, SOURCE's other files (tokenizer files) passed
+ * through (formats/safetensors/safetensors.h, "hf view"). */
 #include "formats/safetensors/safetensors.h"
 #include "formats/safetensors/safetensors_int.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,6 @@
 #ifndef HF_SHARD_MAX
 #define HF_SHARD_MAX 5000000000ull
 #endif
-#define HF_NAME_MAX 512
 
 static const char *torch_dtype(rs_dtype t)
 {
@@ -76,31 +77,82 @@ static int opt_config(const rs_checkpoint *ck, rs_dtype dtype, uint64_t vocab,
 	return 0;
 }
 
-/* A tied output projection is left for HF to tie: it must be the
- * embeddings (the same stored bytes), not a tensor of its own. */
-static int check_tied(const rs_checkpoint *ck, rs_diag *d)
+/* LlamaConfig (transformers' configuration_llama.py): the user's
+ * hf_config fields, then what the bridge knows over them. */
+static int llama_config(const rs_checkpoint *ck, rs_dtype dtype,
+			uint64_t vocab, char **out, size_t *len)
 {
-	const rs_catalog *c = &ck->catalog;
-	const rs_tensor *e = NULL, *o = NULL;
+	const rs_model_config *m = &ck->model;
+	cJSON *c = m->hf_config ? cJSON_Parse(m->hf_config) : cJSON_CreateObject();
+	cJSON *arch = cJSON_CreateStringArray((const char *[]){ "LlamaForCausalLM" }, 1);
+	const struct {
+		const char *key;
+		double v;
+	} nums[] = {
+		{ "hidden_size", m->hidden },
+		{ "intermediate_size", m->ffn },
+		{ "num_hidden_layers", m->layers },
+		{ "num_attention_heads", m->heads },
+		{ "num_key_value_heads", m->kv_heads },
+		{ "head_dim", m->head_dim },
+		{ "vocab_size", (double)vocab },
+		{ "max_position_embeddings", (double)m->max_positions },
+		{ "rms_norm_eps", m->norm_eps },
+		{ "rope_theta", m->rope_theta },
+	};
+	int err = c && arch ? 0 : -ENOMEM;
 
-	for (size_t i = 0; i < c->count; i++) {
-		if (strcmp(c->tensors[i].name, "decoder.embed_tokens.weight") == 0)
-			e = &c->tensors[i];
-		if (strcmp(c->tensors[i].name,
-			   "decoder.output_projection.weight") == 0)
-			o = &c->tensors[i];
+	cJSON_DeleteItemFromObjectCaseSensitive(c, "architectures");
+	if (!err && !cJSON_AddItemToObject(c, "architectures", arch))
+		err = -ENOMEM;
+	else if (err)
+		cJSON_Delete(arch);
+	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]) && !err; i++) {
+		cJSON_DeleteItemFromObjectCaseSensitive(c, nums[i].key);
+		if (!cJSON_AddNumberToObject(c, nums[i].key, nums[i].v))
+			err = -ENOMEM;
 	}
-	if (!ck->model.tied || !o)
-		return 0;
-	if (e && e->nfrags == o->nfrags &&
-	    memcmp(e->frags, o->frags, e->nfrags * sizeof(*e->frags)) == 0)
-		return 0;
-	rs_diag_add(d, "%s: %s says the output projection is tied to the embeddings, but decoder.output_projection.weight is stored apart",
-		    ck->dir_path, ck->model.from);
-	return -EINVAL;
+	{
+		const char *strs[][2] = {
+			{ "model_type", "llama" },
+			{ "hidden_act", "silu" },
+			{ "torch_dtype", torch_dtype(dtype) },
+		};
+		const char *bools[] = { "attention_bias", "mlp_bias",
+					"tie_word_embeddings" };
+
+		for (size_t i = 0; i < 3 && !err; i++) {
+			cJSON_DeleteItemFromObjectCaseSensitive(c, strs[i][0]);
+			if (!cJSON_AddStringToObject(c, strs[i][0], strs[i][1]))
+				err = -ENOMEM;
+		}
+		for (size_t i = 0; i < 3 && !err; i++) {
+			cJSON_DeleteItemFromObjectCaseSensitive(c, bools[i]);
+			if (!cJSON_AddBoolToObject(c, bools[i],
+						   i == 2 ? m->tied : false))
+				err = -ENOMEM;
+		}
+	}
+	if (!err) {
+		char *text = cJSON_Print(c);
+		size_t n = text ? strlen(text) : 0;
+
+		*out = text ? malloc(n + 2) : NULL;
+		if (*out) {
+			memcpy(*out, text, n);
+			(*out)[n] = '\n';
+			(*out)[n + 1] = 0;
+			*len = n + 1;
+		} else {
+			err = -ENOMEM;
+		}
+		free(text);
+	}
+	cJSON_Delete(c);
+	return err;
 }
 
-/* What HF's OPT cannot hold, refused with the reason. */
+/* What the family's HF model cannot hold, refused with the reason. */
 static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 		       rs_diag *d)
 {
@@ -124,6 +176,8 @@ static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 			    ck->dir_path);
 		return -EINVAL;
 	}
+	if (strcmp(m->family->name, "opt"))
+		return 0;
 	if (m->embed_scaled) {
 		rs_diag_add(d, "%s: %s: no_scale_embedding is false (embeddings times sqrt(%u)), which HF's OPT cannot express",
 			    ck->dir_path, m->from, m->hidden);
@@ -143,51 +197,37 @@ int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		     rs_vtree *t, rs_diag *d)
 {
 	const rs_catalog *c = &ck->catalog;
-	char **names = NULL, *config = NULL;
+	char *config = NULL;
+	bool opt;
+	const char *embed;
 	rs_dtype dtype = RS_DTYPE_INVALID;
 	uint64_t vocab = 0;
 	size_t len = 0;
 	uint32_t file;
 	int err = check_model(ck, l, d);
 
-	if (!err)
-		err = check_tied(ck, d);
 	if (err)
 		return err;
-	names = calloc(c->count + 1, sizeof(char *));
-	if (!names)
-		return -ENOMEM;
-	for (size_t i = 0; i < c->count && !err; i++) {
-		char buf[HF_NAME_MAX];
-		int r = rs_family_rename(ck->model.family, ck->model.tied,
-					 c->tensors[i].name, buf, sizeof(buf));
-
-		if (r < 0) {
-			rs_diag_add(d, "%s: %s has no HF %s name (%s)",
-				    ck->dir_path, c->tensors[i].name,
-				    ck->model.family->name,
-				    r == -ENOENT ? "the hf view knows the names in formats/model.c"
-						 : "too long");
-			err = -EINVAL;
-		} else if (r == 1 && !(names[i] = strdup(buf))) {
-			err = -ENOMEM;
-		}
-		if (!err && strcmp(c->tensors[i].name,
-				   "decoder.embed_tokens.weight") == 0) {
+	/* The catalog is under HF names already (the bridge renamed it). */
+	opt = strcmp(ck->model.family->name, "opt") == 0;
+	embed = opt ? "model.decoder.embed_tokens.weight"
+		    : "model.embed_tokens.weight";
+	for (size_t i = 0; i < c->count; i++)
+		if (strcmp(c->tensors[i].name, embed) == 0) {
 			vocab = l->targets[i].shape[0];
 			dtype = l->targets[i].dtype;
 		}
+	if (!vocab || !torch_dtype(dtype)) {
+		rs_diag_add(d, "%s: the hf view needs %s in float16, bfloat16 or float32",
+			    ck->dir_path, embed);
+		return -EINVAL;
 	}
-	if (!err && (!vocab || !torch_dtype(dtype))) {
-		rs_diag_add(d, "%s: the hf view needs decoder.embed_tokens.weight in float16, bfloat16 or float32",
-			    ck->dir_path);
-		err = -EINVAL;
-	}
+	err = rs_safetensors_write(ck, l, t, NULL,
+				   l->shard_size ? l->shard_size : HF_SHARD_MAX,
+				   d);
 	if (!err)
-		err = rs_safetensors_write(ck, l, t, (const char *const *)names,
-					   HF_SHARD_MAX, d);
-	if (!err)
-		err = opt_config(ck, dtype, vocab, &config, &len);
+		err = opt ? opt_config(ck, dtype, vocab, &config, &len)
+			  : llama_config(ck, dtype, vocab, &config, &len);
 	if (!err)
 		err = rs_vtree_add_file(t, 0, "config.json", ck->root_mtime,
 					&file);
@@ -198,9 +238,6 @@ int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	}
 	if (!err)
 		err = rs_vtree_append_literal(t, file, config, len);
-	for (size_t i = 0; i < c->count; i++)
-		free(names[i]);
-	free(names);
 	free(config);
 	return err;
 }

@@ -1,0 +1,765 @@
+/* remap: a family's rows applied to a catalog (formats/model.h): each
+ * target tensor is pieces of stored tensors' fragments, clipped along
+ * the layer axis and the row axis and moved into place. */
+#include "formats/bridge/bridge_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/array.h"
+
+#define NAME_SIZE 512
+/* Layers a stacked target may gather (far beyond real models). */
+#define MAX_LAYERS (1u << 16)
+
+bool rs_map_match(const char *pat, const char *name, bool stacked,
+		  char nums[2][24], int *nnums)
+{
+	bool elided = !stacked;
+
+	for (; *pat; pat++) {
+		if (!elided && pat[0] == '#' && pat[1] == '.') {
+			elided = true;
+			pat++;
+			continue;
+		}
+		if (*pat == '*') {
+			for (const char *s = name;; s++) {
+				int n = *nnums;
+
+				if (rs_map_match(pat + 1, s, !elided, nums, &n)) {
+					*nnums = n;
+					return true;
+				}
+				if (!*s)
+					return false;
+			}
+		}
+		if (*pat == '#') {
+			size_t n = strspn(name, "0123456789");
+
+			if (n == 0 || n > 20 || *nnums == 2)
+				return false;
+			memcpy(nums[*nnums], name, n);
+			nums[(*nnums)++][n] = 0;
+			name += n;
+		} else if (*pat != *name++) {
+			return false;
+		}
+	}
+	return *name == 0 && elided;
+}
+
+/* Pattern `pat` with its '#'s replaced by vals[0..nvals) in order (the
+ * first "#." left out with `elide`); -ENAMETOOLONG, or -EINVAL when
+ * the pattern has more '#'s than values. */
+static int subst(const char *pat, bool elide, char vals[][24], int nvals,
+		 char *out, size_t size)
+{
+	size_t at = 0;
+	int used = 0;
+
+	for (; *pat; pat++) {
+		const char *piece = pat;
+		size_t n = 1;
+
+		if (elide && pat[0] == '#' && pat[1] == '.') {
+			elide = false;
+			pat++;
+			continue;
+		}
+		if (*pat == '#') {
+			if (used == nvals)
+				return -EINVAL;
+			piece = vals[used++];
+			n = strlen(piece);
+		}
+		if (at + n >= size)
+			return -ENAMETOOLONG;
+		memcpy(out + at, piece, n);
+		at += n;
+	}
+	out[at] = 0;
+	return 0;
+}
+
+static const char *skip_prefix(const rs_family *f, const char *name)
+{
+	size_t n = f->strip ? strlen(f->strip) : 0;
+
+	return n && strncmp(name, f->strip, n) == 0 ? name + n : name;
+}
+
+size_t rs_bridge_find(const rs_checkpoint *ck, const rs_family *f,
+		      const char *name)
+{
+	for (size_t i = 0; i < ck->catalog.count; i++)
+		if (strcmp(skip_prefix(f, ck->catalog.tensors[i].name),
+			   name) == 0)
+			return i;
+	return SIZE_MAX;
+}
+
+/* ---- the target names made so far: a set -------------------------- */
+
+typedef struct {
+	char **slot;
+	size_t cap, n;
+} name_set;
+
+static uint64_t hash(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+/* 1 when added, 0 when there already, -ENOMEM. */
+static int set_add(name_set *s, const char *name)
+{
+	size_t i;
+
+	if (2 * (s->n + 1) > s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 256;
+		char **slot = calloc(cap, sizeof(*slot));
+
+		if (!slot)
+			return -ENOMEM;
+		for (size_t k = 0; k < s->cap; k++) {
+			if (!s->slot[k])
+				continue;
+			for (i = hash(s->slot[k]) & (cap - 1); slot[i];
+			     i = (i + 1) & (cap - 1))
+				;
+			slot[i] = s->slot[k];
+		}
+		free(s->slot);
+		s->slot = slot;
+		s->cap = cap;
+	}
+	for (i = hash(name) & (s->cap - 1); s->slot[i];
+	     i = (i + 1) & (s->cap - 1))
+		if (strcmp(s->slot[i], name) == 0)
+			return 0;
+	s->slot[i] = strdup(name);
+	if (!s->slot[i])
+		return -ENOMEM;
+	s->n++;
+	return 1;
+}
+
+static void set_free(name_set *s)
+{
+	for (size_t k = 0; k < s->cap; k++)
+		free(s->slot[k]);
+	free(s->slot);
+}
+
+/* ---- the ops: which rows of which source go where ------------------ */
+
+typedef struct {
+	int k;                  /* the row's source */
+	uint64_t lo, hi, at;    /* its rows [lo, hi) at target row `at` */
+} piece;
+
+typedef struct {
+	const rs_tensor *t;
+	int64_t layer;          /* the layer on axis 0, -1: not stacked */
+} src_ref;
+
+/* One layer's view of a source: its shape without the layer axis. */
+static int layer_shape(const src_ref *s, uint64_t *shape)
+{
+	int a0 = s->layer >= 0;
+
+	for (int i = a0; i < s->t->ndim; i++)
+		shape[i - a0] = s->t->shape[i];
+	return s->t->ndim - a0;
+}
+
+typedef struct {
+	rs_map_op op;
+	const rs_map_dims *dims;
+	int nsrc;
+	int ndim[RS_MAP_MAX_FROM];
+	uint64_t shape[RS_MAP_MAX_FROM][RS_MAX_DIMS];
+	/* out */
+	piece *pcs;
+	size_t npcs;
+	int out_ndim;
+	uint64_t out_shape[RS_MAX_DIMS];
+	char why[200];
+} op_job;
+
+static int need(op_job *j, bool ok, const char *why)
+{
+	if (!ok)
+		snprintf(j->why, sizeof(j->why), "%s", why);
+	return ok ? 0 : -EINVAL;
+}
+
+/* Sources k > 0 must match source 0 in every axis but the rows. */
+static int same_cols(op_job *j)
+{
+	for (int k = 1; k < j->nsrc; k++) {
+		bool same = j->ndim[k] == j->ndim[0];
+
+		for (int i = 1; same && i < j->ndim[0]; i++)
+			same = j->shape[k][i] == j->shape[0][i];
+		if (!same)
+			return need(j, false, "its sources' shapes differ past the first axis");
+	}
+	return 0;
+}
+
+static int add(op_job *j, int k, uint64_t lo, uint64_t hi, uint64_t at)
+{
+	j->pcs[j->npcs++] = (piece){ k, lo, hi, at };
+	return 0;
+}
+
+static int qkv_split(op_job *j)
+{
+	uint64_t rows = j->shape[0][0], h = j->dims->heads, g = j->dims->groups;
+	uint64_t d, q;
+	int which = j->op - RS_MAP_QKV_Q;       /* 0 q, 1 k, 2 v */
+	int err = need(j, h && g, "the head and query group counts are unknown");
+
+	if (!err)
+		err = need(j, h % g == 0 && rows % (h + 2 * g) == 0,
+			   "its rows do not divide into the query groups");
+	if (err)
+		return err;
+	d = rows / (h + 2 * g);
+	q = h / g * d;
+	for (uint64_t i = 0; i < g; i++) {
+		uint64_t base = i * (q + 2 * d);
+
+		if (which == 0)
+			add(j, 0, base, base + q, i * q);
+		else
+			add(j, 0, base + q + (uint64_t)(which - 1) * d,
+			    base + q + (uint64_t)which * d, i * d);
+	}
+	j->out_shape[0] = which == 0 ? h * d : g * d;
+	return 0;
+}
+
+static int qkv_fuse(op_job *j)
+{
+	uint64_t h = j->dims->heads, g = j->dims->groups, d, q;
+	int err = need(j, h && g, "the head and query group counts are unknown");
+
+	if (!err)
+		err = same_cols(j);
+	if (!err)
+		err = need(j, h % g == 0 && j->shape[1][0] == j->shape[2][0] &&
+			      j->shape[1][0] % g == 0 &&
+			      j->shape[0][0] == h * (j->shape[1][0] / g),
+			   "q, k and v do not divide into the heads and query groups");
+	if (err)
+		return err;
+	d = j->shape[1][0] / g;
+	q = h / g * d;
+	for (uint64_t i = 0; i < g; i++) {
+		uint64_t base = i * (q + 2 * d);
+
+		add(j, 0, i * q, (i + 1) * q, base);
+		add(j, 1, i * d, (i + 1) * d, base + q);
+		add(j, 2, i * d, (i + 1) * d, base + q + d);
+	}
+	j->out_shape[0] = g * (q + 2 * d);
+	return 0;
+}
+
+static int run_op(op_job *j)
+{
+	uint64_t rows = j->ndim[0] ? j->shape[0][0] : 0;
+	size_t cap = 2;
+	int err;
+
+	for (int k = 0; k < j->nsrc; k++)
+		if (j->ndim[k] < 1 && j->op != RS_MAP_SAME)
+			return need(j, false, "a source has no rows");
+	if (j->op >= RS_MAP_QKV_Q && j->op <= RS_MAP_FUSE_QKV)
+		cap = 3 * (size_t)(j->dims->groups ? j->dims->groups : 1);
+	j->pcs = calloc(cap, sizeof(*j->pcs));
+	if (!j->pcs)
+		return -ENOMEM;
+	j->out_ndim = j->ndim[0];
+	memcpy(j->out_shape, j->shape[0], sizeof(j->out_shape));
+	switch (j->op) {
+	case RS_MAP_SAME:
+		return add(j, 0, 0, rows, 0);
+	case RS_MAP_QKV_Q:
+	case RS_MAP_QKV_K:
+	case RS_MAP_QKV_V:
+		return qkv_split(j);
+	case RS_MAP_FUSE_QKV:
+		return qkv_fuse(j);
+	case RS_MAP_HALF_0:
+	case RS_MAP_HALF_1:
+		err = need(j, rows % 2 == 0, "its rows do not halve");
+		if (!err)
+			add(j, 0, j->op == RS_MAP_HALF_0 ? 0 : rows / 2,
+			    j->op == RS_MAP_HALF_0 ? rows / 2 : rows, 0);
+		j->out_shape[0] = rows / 2;
+		return err;
+	case RS_MAP_CAT:
+		err = same_cols(j);
+		if (!err) {
+			add(j, 0, 0, rows, 0);
+			add(j, 1, 0, j->shape[1][0], rows);
+			j->out_shape[0] = rows + j->shape[1][0];
+		}
+		return err;
+	case RS_MAP_VOCAB:
+		err = need(j, j->dims->vocab && j->dims->vocab <= rows,
+			   "the true vocab size is unknown or above its rows");
+		if (!err) {
+			add(j, 0, 0, j->dims->vocab, 0);
+			j->out_shape[0] = j->dims->vocab;
+		}
+		return err;
+	}
+	return need(j, false, "unknown op");
+}
+
+/* ---- fragments ----------------------------------------------------- */
+
+typedef struct {
+	rs_fragment *f;
+	size_t n, cap;
+} frag_list;
+
+/* Source s's fragments inside piece p, moved to the target's
+ * coordinates (layer `dl` on a stacked target's axis 0, -1: none). */
+static int place(frag_list *fl, const src_ref *s, const piece *p,
+		 int64_t dl, uint64_t layer_numel)
+{
+	const rs_tensor *t = s->t;
+	size_t esz = rs_dtype_size(t->dtype);
+	int a0 = s->layer >= 0;
+	int err;
+
+	for (size_t i = 0; i < t->nfrags; i++) {
+		const rs_fragment *f = &t->frags[i];
+		rs_fragment o;
+		uint64_t off = f->offset;
+		int oa = dl >= 0;
+
+		memset(&o, 0, sizeof(o));
+		if (a0) {
+			if ((uint64_t)s->layer < f->box.off[0] ||
+			    (uint64_t)s->layer >= f->box.off[0] + f->box.len[0])
+				continue;
+			off += ((uint64_t)s->layer - f->box.off[0]) *
+			       f->stride[0] * esz;
+		}
+		if (dl >= 0) {
+			o.box.off[0] = (uint64_t)dl;
+			o.box.len[0] = 1;
+			o.stride[0] = layer_numel;
+		}
+		for (int ax = a0; ax < t->ndim; ax++) {
+			o.box.off[oa + ax - a0] = f->box.off[ax];
+			o.box.len[oa + ax - a0] = f->box.len[ax];
+			o.stride[oa + ax - a0] = f->stride[ax];
+		}
+		if (a0 < t->ndim) {       /* clip the rows */
+			uint64_t fo = f->box.off[a0], fe = fo + f->box.len[a0];
+			uint64_t st = fo > p->lo ? fo : p->lo;
+			uint64_t en = fe < p->hi ? fe : p->hi;
+
+			if (st >= en)
+				continue;
+			off += (st - fo) * f->stride[a0] * esz;
+			o.box.off[oa] = st - p->lo + p->at;
+			o.box.len[oa] = en - st;
+		}
+		o.box.ndim = oa + t->ndim - a0;
+		o.source = f->source;
+		o.offset = off;
+		err = rs_array_reserve(&fl->f, &fl->cap, fl->n + 1,
+				       sizeof(*fl->f));
+		if (err)
+			return err;
+		fl->f[fl->n++] = o;
+	}
+	return 0;
+}
+
+/* ---- the rows ------------------------------------------------------ */
+
+typedef struct {
+	rs_checkpoint *ck;
+	const rs_family *f;
+	const rs_map_dims *dims;
+	rs_diag *d;
+	rs_catalog out;
+	name_set made;
+	bool *taken, *dropped;
+} remap_ctx;
+
+static int name_err(remap_ctx *c, const char *what, int err)
+{
+	if (err == -ENAMETOOLONG || err == -EINVAL)
+		rs_diag_add(c->d, "%s: %s: the name is too long or its pattern has more '#' than its source",
+			    c->ck->dir_path, what);
+	return err == -ENOMEM ? err : -EINVAL;
+}
+
+/* Target `name` of row r from one source reference per layer slot
+ * (refs[slot * nsrc + k]; one slot when the target is not stacked). */
+static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
+		const src_ref *refs, int nsrc, size_t slots, bool stack)
+{
+	op_job j;
+	frag_list fl = { 0 };
+	uint64_t shape[RS_MAX_DIMS], layer_numel = 1, covered, total;
+	size_t idx, a, b;
+	int ndim = 0, err = 0;
+
+	for (size_t s = 0; s < slots && !err; s++) {
+		memset(&j, 0, sizeof(j));
+		j.op = r->op;
+		j.dims = c->dims;
+		j.nsrc = nsrc;
+		for (int k = 0; k < nsrc; k++) {
+			j.ndim[k] = layer_shape(&refs[s * nsrc + k], j.shape[k]);
+			if (refs[s * nsrc + k].t->dtype != refs[s * nsrc].t->dtype)
+				err = need(&j, false, "its sources' dtypes differ");
+		}
+		if (!err)
+			err = run_op(&j);
+		if (err == -EINVAL)
+			rs_diag_add(c->d, "%s: %s (from %s, %s): %s",
+				    c->ck->dir_path, name, refs[s * nsrc].t->name,
+				    rs_map_op_name(r->op), j.why);
+		if (!err && s == 0) {
+			ndim = j.out_ndim + stack;
+			shape[0] = slots;
+			memcpy(shape + stack, j.out_shape,
+			       (size_t)j.out_ndim * sizeof(uint64_t));
+			for (int i = 0; i < j.out_ndim; i++)
+				layer_numel *= j.out_shape[i];
+		} else if (!err && memcmp(shape + stack, j.out_shape,
+					  (size_t)j.out_ndim * sizeof(uint64_t))) {
+			rs_diag_add(c->d, "%s: %s: layer %zu's %s has another shape than layer 0's",
+				    c->ck->dir_path, name, s, refs[s * nsrc].t->name);
+			err = -EINVAL;
+		}
+		for (size_t p = 0; p < j.npcs && !err; p++)
+			err = place(&fl, &refs[s * nsrc + j.pcs[p].k], &j.pcs[p],
+				    stack ? (int64_t)s : -1, layer_numel);
+		free(j.pcs);
+	}
+	if (!err)
+		err = rs_catalog_add_fragments(&c->out, name, refs[0].t->dtype,
+					       ndim, shape, fl.n, &idx);
+	if (err == -EOVERFLOW || err == -E2BIG) {
+		rs_diag_add(c->d, "%s: %s: too large", c->ck->dir_path, name);
+		err = -EINVAL;
+	}
+	if (!err && refs[0].t->origin)
+		err = rs_catalog_set_origin(&c->out, idx, refs[0].t->origin);
+	if (!err) {
+		rs_tensor *t = &c->out.tensors[idx];
+
+		memcpy(t->frags, fl.f, fl.n * sizeof(*fl.f));
+		/* A hole would read as zeros and an overlap as two answers. */
+		err = rs_tensor_check_tiling(t, &a, &b, &covered, &total);
+		if (err && err != -ENOMEM) {
+			rs_diag_add(c->d, "%s: %s: its pieces do not tile it (%llu of %llu elements covered, or overlapping)",
+				    c->ck->dir_path, name,
+				    (unsigned long long)covered,
+				    (unsigned long long)total);
+			err = -EINVAL;
+		}
+		/* Targets for megatron-core (a stacking family) are split
+		 * again by the layout, and a regular grid is what tells it a
+		 * gated fc1's two halves ([gate; up] per rank); fused qkv
+		 * pieces must not read as a grid, they are merged rows.  An
+		 * HF model is one file: its tensors are merged, whatever
+		 * chunks they came from. */
+		if (!err && c->f->stack && r->op != RS_MAP_FUSE_QKV)
+			rs_tensor_make_regular(t);
+	}
+	free(fl.f);
+	return err;
+}
+
+/* The other sources of row r for a match of source 0 (nums as matched,
+ * `stacked` as it was), into refs[1..] with layer `layer`. */
+static int other_sources(remap_ctx *c, const rs_map_row *r, int nsrc,
+			 char nums[2][24], int nnums, bool stacked,
+			 int64_t layer, src_ref *refs, const char *target)
+{
+	for (int k = 1; k < nsrc; k++) {
+		char name[NAME_SIZE];
+		size_t i;
+		int err = subst(r->from[k], stacked, nums, nnums, name,
+				sizeof(name));
+
+		if (err)
+			return name_err(c, r->from[k], err);
+		i = rs_bridge_find(c->ck, c->f, name);
+		if (i == SIZE_MAX) {
+			rs_diag_add(c->d, "%s: %s needs %s beside %s, and SOURCE has no such tensor",
+				    c->ck->dir_path, target, name, refs[0].t->name);
+			return -EINVAL;
+		}
+		c->taken[i] = true;
+		refs[k] = (src_ref){ &c->ck->catalog.tensors[i], layer };
+	}
+	return 0;
+}
+
+/* A per-layer source matched by a stacking row: every layer of it, by
+ * the same row, into one target. */
+static int gather_layers(remap_ctx *c, const rs_map_row *r, int nsrc,
+			 char nums[2][24], int nnums, const char *target)
+{
+	const rs_catalog *cat = &c->ck->catalog;
+	size_t *at = NULL, nl = 0;
+	src_ref *refs = NULL;
+	int err = 0;
+
+	at = malloc(MAX_LAYERS * sizeof(*at));
+	if (!at)
+		return -ENOMEM;
+	for (size_t i = 0; i < MAX_LAYERS; i++)
+		at[i] = SIZE_MAX;
+	for (size_t i = 0; i < cat->count; i++) {
+		char n2[2][24];
+		int nn = 0;
+		unsigned long long l;
+		char *end;
+
+		if (c->dropped[i] ||
+		    !rs_map_match(r->from[0], skip_prefix(c->f, cat->tensors[i].name),
+				  false, n2, &nn) ||
+		    nn != nnums || (nn == 2 && strcmp(n2[1], nums[1])))
+			continue;
+		l = strtoull(n2[0], &end, 10);
+		if (l >= MAX_LAYERS || (n2[0][0] == '0' && n2[0][1])) {
+			rs_diag_add(c->d, "%s: %s: layer %s is not a layer number below %u",
+				    c->ck->dir_path, cat->tensors[i].name, n2[0],
+				    MAX_LAYERS);
+			err = -EINVAL;
+			goto out;
+		}
+		at[l] = i;
+		nl = l + 1 > nl ? l + 1 : nl;
+	}
+	refs = calloc(nl * (size_t)nsrc + 1, sizeof(*refs));
+	if (!refs) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (size_t l = 0; l < nl && !err; l++) {
+		char n2[2][24];
+
+		if (at[l] == SIZE_MAX) {
+			rs_diag_add(c->d, "%s: %s: layer %zu of %s is missing, and the layers must run from 0",
+				    c->ck->dir_path, target, l, r->from[0]);
+			err = -EINVAL;
+			break;
+		}
+		c->taken[at[l]] = true;
+		refs[l * nsrc] = (src_ref){ &cat->tensors[at[l]], -1 };
+		snprintf(n2[0], sizeof(n2[0]), "%zu", l);
+		memcpy(n2[1], nums[1], sizeof(n2[1]));
+		err = other_sources(c, r, nsrc, n2, nnums, false, -1,
+				    &refs[l * nsrc], target);
+	}
+	if (!err)
+		err = emit(c, r, target, refs, nsrc, nl, true);
+out:
+	free(refs);
+	free(at);
+	return err;
+}
+
+/* A stacked source into a stacked target: the op on each layer. */
+static int stacked_to_stacked(remap_ctx *c, const rs_map_row *r,
+			      const rs_tensor *t, int nsrc, char nums[2][24],
+			      int nnums)
+{
+	char name[NAME_SIZE];
+	src_ref *refs;
+	int err = subst(r->to, true, nums, nnums, name, sizeof(name));
+
+	if (err)
+		return name_err(c, r->to, err);
+	err = set_add(&c->made, name);
+	if (err <= 0)
+		return err;
+	if (t->ndim < 1 || t->shape[0] > MAX_LAYERS) {
+		rs_diag_add(c->d, "%s: %s: no layer axis", c->ck->dir_path, t->name);
+		return -EINVAL;
+	}
+	refs = calloc(t->shape[0] * (size_t)nsrc + 1, sizeof(*refs));
+	if (!refs)
+		return -ENOMEM;
+	for (uint64_t l = 0; l < t->shape[0] && !err; l++) {
+		refs[l * nsrc] = (src_ref){ t, (int64_t)l };
+		err = other_sources(c, r, nsrc, nums, nnums, true, (int64_t)l,
+				    &refs[l * nsrc], name);
+	}
+	if (!err)
+		err = emit(c, r, name, refs, nsrc, t->shape[0], true);
+	free(refs);
+	return err;
+}
+
+/* Row r on source tensor i (matched: nums, stacked). */
+static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
+		       char nums[2][24], int nnums, bool stacked)
+{
+	const rs_tensor *t = &c->ck->catalog.tensors[i];
+	int nsrc = rs_map_op_sources(r->op);
+	bool has_layer = strstr(r->to, "#.") != NULL;
+	char name[NAME_SIZE];
+	src_ref refs[RS_MAP_MAX_FROM];
+	int err, added;
+
+	if (stacked && c->f->stack && has_layer)
+		return stacked_to_stacked(c, r, t, nsrc, nums, nnums);
+	if (!has_layer || (!stacked && !c->f->stack)) {
+		/* one target, layer for layer */
+		err = subst(r->to, stacked, nums, nnums, name, sizeof(name));
+		if (err)
+			return name_err(c, r->to, err);
+		added = set_add(&c->made, name);
+		if (added <= 0)
+			return added;
+		refs[0] = (src_ref){ t, -1 };
+		err = other_sources(c, r, nsrc, nums, nnums, stacked, -1, refs,
+				    name);
+		return err ? err : emit(c, r, name, refs, nsrc, 1, false);
+	}
+	if (!stacked) {
+		/* per-layer sources into one stacked target */
+		err = subst(r->to, true, nums + 1, nnums - 1, name, sizeof(name));
+		if (err)
+			return name_err(c, r->to, err);
+		added = set_add(&c->made, name);
+		if (added <= 0)
+			return added;
+		return gather_layers(c, r, nsrc, nums, nnums, name);
+	}
+	/* a stacked source into one target per layer */
+	if (t->ndim < 1 || t->shape[0] > MAX_LAYERS) {
+		rs_diag_add(c->d, "%s: %s: no layer axis", c->ck->dir_path, t->name);
+		return -EINVAL;
+	}
+	for (uint64_t l = 0; l < t->shape[0]; l++) {
+		char vals[3][24];
+
+		snprintf(vals[0], sizeof(vals[0]), "%llu", (unsigned long long)l);
+		for (int k = 0; k < nnums; k++)
+			memcpy(vals[k + 1], nums[k], sizeof(vals[0]));
+		err = subst(r->to, false, vals, nnums + 1, name, sizeof(name));
+		if (err)
+			return name_err(c, r->to, err);
+		added = set_add(&c->made, name);
+		if (added < 0)
+			return added;
+		if (!added)
+			continue;
+		refs[0] = (src_ref){ t, (int64_t)l };
+		err = other_sources(c, r, nsrc, nums, nnums, true, (int64_t)l,
+				    refs, name);
+		if (!err)
+			err = emit(c, r, name, refs, nsrc, 1, false);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static bool row_applies(const rs_map_row *r, const rs_map_dims *dims)
+{
+	return r->when == RS_WHEN_ALWAYS ||
+	       (r->when == RS_WHEN_TIED) == dims->tied;
+}
+
+static int apply_row(remap_ctx *c, const rs_map_row *r)
+{
+	const rs_catalog *cat = &c->ck->catalog;
+
+	if (!row_applies(r, c->dims))
+		return 0;
+	for (size_t i = 0; i < cat->count; i++) {
+		const char *name = skip_prefix(c->f, cat->tensors[i].name);
+		char nums[2][24];
+		int nn = 0, err;
+		bool stacked = false;
+
+		if (c->dropped[i])
+			continue;
+		if (!rs_map_match(r->from[0], name, false, nums, &nn)) {
+			nn = 0;
+			if (!r->to || cat->tensors[i].ndim < 1 ||
+			    !rs_map_match(r->from[0], name, true, nums, &nn))
+				continue;
+			stacked = true;
+		}
+		c->taken[i] = true;
+		if (!r->to) {
+			c->dropped[i] = true;
+			continue;
+		}
+		err = apply_match(c, r, i, nums, nn, stacked);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
+	     size_t nuser, const rs_map_dims *dims, rs_diag *d)
+{
+	remap_ctx c = { ck, f, dims, d, { 0 }, { 0 }, NULL, NULL };
+	size_t n = ck->catalog.count, missing = 0;
+	int err = 0;
+
+	rs_catalog_init(&c.out);
+	c.taken = calloc(n + 1, sizeof(bool));
+	c.dropped = calloc(n + 1, sizeof(bool));
+	if (!c.taken || !c.dropped) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nuser && !err; i++)
+		err = apply_row(&c, &user[i]);
+	for (const rs_map_row *r = f->rows; r->from[0] && !err; r++)
+		err = apply_row(&c, r);
+	for (size_t i = 0; i < n && !err; i++) {
+		if (c.taken[i])
+			continue;
+		/* the first few: one missing row usually misses every layer */
+		if (missing++ < 8)
+			rs_diag_add(d, "%s: %s has no %s name in the %s table (formats/model.c; the \"names\" of a -o rules= file can add one)",
+				    ck->dir_path, ck->catalog.tensors[i].name,
+				    f->to, f->name);
+	}
+	if (!err && missing)
+		err = -EINVAL;
+	if (!err) {
+		rs_catalog_free(&ck->catalog);
+		ck->catalog = c.out;
+		rs_catalog_init(&c.out);
+	}
+out:
+	rs_catalog_free(&c.out);
+	set_free(&c.made);
+	free(c.taken);
+	free(c.dropped);
+	return err;
+}
