@@ -6,9 +6,9 @@
  * Data, not code.  A family (formats/model.c) is a list of rows; each
  * row says how one tensor of the target ecosystem is made of one or more
  * tensors of the source: which (name patterns), and how (an op, below).
- * Users add rows, or whole families, with the "names" list of a -o rules=
- * file (formats/bridge.h; the schema is in reshardfs(1)).  The engine that
- * applies a table is formats/bridge.c; the ops are row selections along
+ * Users add rows to a family with the "names" list of a -o rules= file
+ * (formats/bridge/bridge.h; the schema is in reshardfs(1)).  The engine that
+ * applies a table is formats/bridge/remap.c; the ops are row selections along
  * the first axis after the layer axis, so every target tensor is pieces
  * of stored tensors (planner fragments), never a copy.
  *
@@ -22,7 +22,7 @@
  * characters.
  *
  * Ownership: the built-in tables are static; rows made from a rules file
- * are owned by the rule set that parsed them (formats/bridge.h).
+ * are owned by whoever parsed them (formats/bridge/rows.c).
  * rs_model_config holds the user's hf_config text (owned, freed with the
  * checkpoint: rs_model_config_free).  Functions return 0 or a negative
  * errno.

@@ -70,15 +70,16 @@
 	  "the source's own; safetensors for metaseq shards)")                \
 	X(STR, "names", names, "ECO",                                         \
 	  "mcore: an HF Llama directory under megatron-core\n"               \
-	  "GPTModel names (with format=zarr, torch_dist or\n"               \
-	  "megatron, at any tp)")                                             \
+	  "GPTModel names (with format=zarr or torch_dist,\n"               \
+	  "at any tp)")                                                       \
 	X(STR, "hf_config", hf_config, "FILE",                                \
 	  "JSON of LlamaConfig fields for format=hf of a\n"                 \
 	  "Megatron checkpoint: what its args do not record\n"              \
 	  "(checked against them and the shapes)")                            \
 	X(STR, "shard_size", shard_size_s, "SIZE",                            \
 	  "format=hf: the most weight bytes per safetensors\n"              \
-	  "file before HF's sharded form (default 5G)")                       \
+	  "file before HF's sharded form (default\n"                        \
+	  "5000000000, save_pretrained's 5GB)")                               \
 	X(STR, "passthrough", passthrough_s, "MODE",                          \
 	  "auto (default): the kernel reads view files without\n"              \
 	  "the daemon where it can (FUSE passthrough: Linux\n"                \

@@ -51,7 +51,7 @@ int rs_bridge_wanted(const rs_checkpoint *ck, const rs_bridge_opts *o,
 	}
 	if (o->names && (is(o->view, "hf") || is(o->view, "metaseq") ||
 			 is(o->view, "safetensors") || !o->view)) {
-		rs_diag_add(d, "-o names=mcore: the %s view cannot take megatron-core names; choose -o format=zarr, torch_dist or megatron",
+		rs_diag_add(d, "-o names=mcore: the %s view cannot take megatron-core names; choose -o format=zarr or torch_dist",
 			    o->view ? o->view->name : "default (safetensors)");
 		return -EINVAL;
 	}
