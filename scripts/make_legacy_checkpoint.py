@@ -7,7 +7,7 @@ Usage (in .venv-mcore: needs torch and numpy; megatron-core is used for the
 enums real args hold when it is installed):
     python make_legacy_checkpoint.py OUT --tp T --pp P [--vpp V] [--gated]
         [--untied] [--bf16] [--layers L] [--iter-dir] [--old-names]
-        [--distopt] [--oracle FILE]
+        [--distopt] [--llama] [--oracle FILE]
 
 OUT receives `latest_checkpointed_iteration.txt` and `iter_0000010/` with
 one `mp_rank_TT[_PPP]/model_optim_rng.pt` per (tp, pp) rank (the PP suffix
@@ -28,6 +28,12 @@ per stage; with virtual stages chunk c of stage p holds layers
 vocab tensors are split on rows, dense and dense_4h_to_h weights on
 columns, the rest replicated; a gated dense_h_to_4h (--gated, args.swiglu)
 holds [W_r; V_r] on rank r.
+
+--llama writes the Llama form of the legacy model (--normalization
+RMSNorm --swiglu --disable-bias-linear --position-embedding-type rope
+--group-query-attention --num-query-groups 2, --vocab-size given): no
+biases, no position embeddings, norms with weights only, query_key_value
+of (heads + 2*groups) * kv_channels rows, and args saying so.
 
 The oracle (default OUT.oracle.npz next to OUT) maps every global name
 (layer numbers global, `language_model.encoder.layers.<g>.<param>`) to the
@@ -50,6 +56,7 @@ HIDDEN = 64
 HEADS = 4
 FFN = 128
 MAX_POS = 32
+GROUPS = 2          # query groups of --llama (GQA)
 
 
 def pad_vocab(vocab_size, tp, divisible_by=128):
@@ -76,11 +83,22 @@ def _enums():
         return None, None
 
 
-def layer_params(gated, old_names):
+def layer_params(gated, old_names, llama=False):
     """(name, global shape, tp kind) of one layer; kinds: col, row, rep."""
     norm1 = "input_layernorm" if old_names else "input_norm"
     norm2 = "post_attention_layernorm" if old_names else "post_attention_norm"
     f = 2 * FFN if gated else FFN
+    if llama:
+        d = HIDDEN // HEADS
+        return [
+            (f"{norm1}.weight", (HIDDEN,), "rep"),
+            ("self_attention.query_key_value.weight",
+             ((HEADS + 2 * GROUPS) * d, HIDDEN), "col"),
+            ("self_attention.dense.weight", (HIDDEN, HIDDEN), "row"),
+            (f"{norm2}.weight", (HIDDEN,), "rep"),
+            ("mlp.dense_h_to_4h.weight", (2 * FFN, HIDDEN), "glu"),
+            ("mlp.dense_4h_to_h.weight", (HIDDEN, FFN), "row"),
+        ]
     return [
         (f"{norm1}.weight", (HIDDEN,), "rep"),
         (f"{norm1}.bias", (HIDDEN,), "rep"),
@@ -107,13 +125,15 @@ def full_model(cfg, dtype):
         return torch.randn(*shape, generator=g).to(dtype)
 
     out["language_model.embedding.word_embeddings.weight"] = rnd(padded, HIDDEN)
-    out["language_model.embedding.position_embeddings.weight"] = rnd(MAX_POS, HIDDEN)
+    if not cfg["llama"]:
+        out["language_model.embedding.position_embeddings.weight"] = rnd(MAX_POS, HIDDEN)
     for layer in range(cfg["num_layers"]):
-        for name, shape, _ in layer_params(cfg["gated"], cfg["old_names"]):
+        for name, shape, _ in layer_params(cfg["gated"], cfg["old_names"], cfg["llama"]):
             out[f"language_model.encoder.layers.{layer}.{name}"] = rnd(*shape)
     final = "final_layernorm" if cfg["old_names"] else "final_norm"
     out[f"language_model.encoder.{final}.weight"] = rnd(HIDDEN)
-    out[f"language_model.encoder.{final}.bias"] = rnd(HIDDEN)
+    if not cfg["llama"]:
+        out[f"language_model.encoder.{final}.bias"] = rnd(HIDDEN)
     if cfg["untied"]:
         out["language_model.output_layer.weight"] = rnd(padded, HIDDEN)
     return out
@@ -176,6 +196,13 @@ def make_args(cfg, tp, pp, vpp, rank, dtype):
         recompute_granularity=None, hidden_dropout=0.1, attention_dropout=0.1,
         init_method_std=0.02, clip_grad=1.0, log_interval=1,
     )
+    if cfg["llama"]:
+        fields.update(
+            group_query_attention=True, num_query_groups=GROUPS,
+            position_embedding_type="rope", add_position_embedding=False,
+            rotary_base=10000, normalization="RMSNorm", swiglu=True,
+            add_bias_linear=False, vocab_size=VOCAB,
+            tokenizer_type="HuggingFaceTokenizer")
     for k, v in fields.items():
         setattr(a, k, v)
     return a
@@ -216,7 +243,7 @@ def rng_state():
 def kind_of(name, cfg):
     if name.endswith("word_embeddings.weight") or name.endswith("output_layer.weight"):
         return "vocab"
-    for pname, _, kind in layer_params(cfg["gated"], cfg["old_names"]):
+    for pname, _, kind in layer_params(cfg["gated"], cfg["old_names"], cfg["llama"]):
         if name.endswith("." + pname):
             return kind
     return "rep"
@@ -231,19 +258,19 @@ def chunk_model(full, cfg, tp, pp, vpp, r, p, c):
     lm = {}
     if first:
         lm["embedding"] = {}
-        for key in ("word_embeddings", "position_embeddings"):
+        for key in ("word_embeddings",) + (() if cfg["llama"] else ("position_embeddings",)):
             t = full[f"language_model.embedding.{key}.weight"]
             lm["embedding"][key] = OrderedDict(
                 weight=shard(t, kind_of(key + ".weight", cfg), tp, r))
     enc = OrderedDict()
     for local in range(lpc):
         layer = g * lpc + local
-        for pname, _, kind in layer_params(cfg["gated"], cfg["old_names"]):
+        for pname, _, kind in layer_params(cfg["gated"], cfg["old_names"], cfg["llama"]):
             t = full[f"language_model.encoder.layers.{layer}.{pname}"]
             enc[f"layers.{local}.{pname}"] = shard(t, kind, tp, r)
     if last:
         final = "final_layernorm" if cfg["old_names"] else "final_norm"
-        for w in ("weight", "bias"):
+        for w in ("weight",) + (() if cfg["llama"] else ("bias",)):
             enc[f"{final}.{w}"] = full[f"language_model.encoder.{final}.{w}"].clone()
     lm["encoder"] = enc
     if last and cfg["untied"]:
@@ -267,11 +294,11 @@ def flat_tensors(d):
 
 def write(out, tp, pp, vpp=1, gated=False, untied=False, bf16=False,
           layers=4, iter_dir=False, old_names=False, distopt=False,
-          oracle=None, seed=3):
+          oracle=None, seed=3, llama=False):
     out = Path(out)
     assert layers % (pp * vpp) == 0
-    cfg = dict(num_layers=layers, gated=gated, untied=untied, seed=seed,
-               old_names=old_names, distopt=distopt,
+    cfg = dict(num_layers=layers, gated=gated or llama, untied=untied,
+               seed=seed, old_names=old_names, distopt=distopt, llama=llama,
                padded_vocab_size=pad_vocab(VOCAB, tp))
     dtype = torch.bfloat16 if bf16 else torch.float32
     full = full_model(cfg, dtype)
@@ -331,11 +358,12 @@ def main():
     ap.add_argument("--iter-dir", action="store_true")
     ap.add_argument("--old-names", action="store_true")
     ap.add_argument("--distopt", action="store_true")
+    ap.add_argument("--llama", action="store_true")
     ap.add_argument("--oracle")
     ap.add_argument("--seed", type=int, default=3)
     a = ap.parse_args()
     write(a.out, a.tp, a.pp, a.vpp, a.gated, a.untied, a.bf16, a.layers,
-          a.iter_dir, a.old_names, a.distopt, a.oracle, a.seed)
+          a.iter_dir, a.old_names, a.distopt, a.oracle, a.seed, a.llama)
 
 
 if __name__ == "__main__":
