@@ -112,8 +112,16 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	free_entries(ck->outer, ck->nouter);
 	free(ck->iter_dir);
 	free(ck->dir_path);
-	for (size_t i = 0; i < ck->nblobs; i++)
+	for (size_t i = 0; i < ck->nblobs; i++) {
 		free(ck->blobs[i].fqn);
+		free(ck->blobs[i].made[0]);
+		free(ck->blobs[i].made[1]);
+	}
+	for (size_t i = 0; i < ck->nmade; i++) {
+		free(ck->made[i].name);
+		free(ck->made[i].bytes);
+	}
+	free(ck->made);
 	free(ck->blobs);
 	if (ck->extra_free)
 		ck->extra_free(ck->extra);
@@ -242,6 +250,22 @@ static int add_entries(const rs_checkpoint *ck, const rs_entry *v, size_t n,
 	return err;
 }
 
+int rs_checkpoint_add_made(const rs_checkpoint *ck, rs_vtree *t)
+{
+	int err = 0;
+
+	for (size_t i = 0; i < ck->nmade && !err; i++) {
+		uint32_t file;
+
+		err = rs_vtree_add_file(t, 0, ck->made[i].name, ck->root_mtime,
+					&file);
+		if (!err)
+			err = rs_vtree_append_literal(t, file, ck->made[i].bytes,
+						      ck->made[i].len);
+	}
+	return err;
+}
+
 int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t)
 {
 	bool *carried = calloc(ck->nentries + 1, sizeof(bool));
@@ -252,7 +276,7 @@ int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t)
 		err = add_entries(ck, ck->entries, ck->nentries, carried, t);
 	}
 	free(carried);
-	return err;
+	return err ? err : rs_checkpoint_add_made(ck, t);
 }
 
 int rs_checkpoint_carry_outer(const rs_checkpoint *ck, rs_vtree *t)
@@ -269,8 +293,15 @@ int rs_checkpoint_append_blob(const rs_checkpoint *ck, const rs_blob *b,
 		.source = b->source, .offset = b->offset, .length = b->length,
 		.listed = b->listed,
 	};
-	int err = rs_torch_object_append(ck->sources, &obj, as_list, t, file,
-					 length, why, sizeof(why));
+	int err;
+
+	if (b->made[as_list]) {
+		*length = b->made_len[as_list];
+		return rs_vtree_append_literal(t, file, b->made[as_list],
+					       b->made_len[as_list]);
+	}
+	err = rs_torch_object_append(ck->sources, &obj, as_list, t, file,
+				     length, why, sizeof(why));
 
 	if (err == -EINVAL)
 		rs_diag_add(d, "%s/%s: ShardedObject %s: %s", ck->root_path,

@@ -114,7 +114,20 @@ typedef struct {
 	uint32_t source;
 	uint64_t offset, length;
 	bool listed;            /* torch_dist's [object], not the bare object */
+	/* An item no source stores, made for the view (the bridge's None
+	 * _extra_state for megatron-core): its torch.save bytes, bare
+	 * (made[0]) and listed (made[1]), owned; NULL for a stored item. */
+	uint8_t *made[2];
+	size_t made_len[2];
 } rs_blob;
+
+/* A file no source stores, made for the view at its top (the bridge's
+ * common.pt for megatron-core): bytes owned. */
+typedef struct {
+	char *name;
+	uint8_t *bytes;
+	size_t len;
+} rs_made_file;
 
 /* What the tensor shapes cannot tell about the model, from the
  * checkpoint's own records (Megatron's args, an HF config.json); 0 (NAN
@@ -158,6 +171,8 @@ struct rs_checkpoint {
 	size_t nentries, cap_entries;
 	rs_blob *blobs;
 	size_t nblobs, cap_blobs;
+	rs_made_file *made;
+	size_t nmade;
 	rs_model_facts facts;
 	/* The architecture, where the reader knows it (the metaseq reader,
 	 * from cfg; family NULL otherwise): what the hf view writes its
@@ -232,6 +247,10 @@ extern const char *const rs_megatron_allow[];
 int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d);
 int rs_checkpoint_carry_outer(const rs_checkpoint *ck, rs_vtree *t);
 bool rs_is_iteration_name(const char *name);
+
+/* Adds ck->made at the top of t (rs_checkpoint_carry does it too, for
+ * views that carry SOURCE's files with it). */
+int rs_checkpoint_add_made(const rs_checkpoint *ck, rs_vtree *t);
 
 /* Appends byte item b to `file`, as a list item (`as_list`, torch_dist's
  * form) or a bare object (zarr's), converting when b->listed differs

@@ -106,13 +106,23 @@ static const rs_map_row llama_hf_mcore[] = {
 	END,
 };
 
+/* megatron-core's linear layers save an _extra_state (None without
+ * Transformer Engine's fp8 state) that its strict load asks for. */
+static const char *const mcore_extra_state[] = {
+	"decoder.layers.#.self_attention.linear_qkv._extra_state",
+	"decoder.layers.#.self_attention.linear_proj._extra_state",
+	"decoder.layers.#.mlp.linear_fc1._extra_state",
+	"decoder.layers.#.mlp.linear_fc2._extra_state",
+	NULL,
+};
+
 static const rs_family families[] = {
 	{ "opt", "metaseq", "hf", opt_metaseq_hf, false, NULL,
-	  "decoder.embed_tokens.weight" },
+	  "decoder.embed_tokens.weight", NULL },
 	{ "llama", "mcore", "hf", llama_mcore_hf, false, "model.",
-	  "embedding.word_embeddings.weight" },
+	  "embedding.word_embeddings.weight", NULL },
 	{ "llama", "hf", "mcore", llama_hf_mcore, true, NULL,
-	  "model.embed_tokens.weight" },
+	  "model.embed_tokens.weight", mcore_extra_state },
 };
 
 const rs_family *rs_family_find(const char *name, const char *from,

@@ -84,6 +84,10 @@ typedef struct rs_family {
 					 * (NeMo's "model."), or NULL */
 	const char *embed;              /* the source's embeddings, which a
 					 * tied output projection must be */
+	/* Objects the target's loader asks for and no source stores, made
+	 * with the value None, one per layer (megatron-core's linear
+	 * layers' _extra_state); NULL-terminated, or NULL. */
+	const char *const *objects;
 } rs_family;
 
 /* The architecture as far as the checkpoint and the user tell it (0 /

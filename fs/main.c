@@ -105,7 +105,8 @@ static void warn_heads(const rs_checkpoint *ck, const rs_layout *l)
 /* The checkpoint under another ecosystem's names, when the options ask
  * for it (formats/bridge/bridge.h).  megatron-core pads the vocab of the
  * models it builds: an HF model under its names is padded its way unless
- * -o vocab_size= says otherwise. */
+ * -o vocab_size= says otherwise.  (-o vocab_size= with format=hf is the
+ * true vocab, which the bridge has used.) */
 static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
 		  rs_diag *d, char *summary, size_t size)
 {
@@ -124,6 +125,10 @@ static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
 	}
 	if (o->names && !lo->vocab_size)
 		lo->vocab_size = fs->ck.model.vocab;
+	/* The hf view's vocab was cut to the true one by the bridge; the
+	 * layout must not pad HF's names again. */
+	if (fs->ck.model.family && strcmp(fs->ck.model.family->to, "hf") == 0)
+		lo->vocab_size = 0;
 	return 0;
 }
 

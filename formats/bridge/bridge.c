@@ -4,10 +4,13 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "formats/codec/json_text.h"
+#include "formats/codec/torch_object.h"
+#include "planner/array.h"
 #include "planner/user_file.h"
 
 #define RULES_MAX (1u << 20)
@@ -117,6 +120,85 @@ static int check_tied(const rs_checkpoint *ck, const rs_family *f,
 	return 0;
 }
 
+/* pickle protocol 2 of None, [None] and {}, as torch.save writes them */
+static const char pkl_none[] = "\x80\x02N.";
+static const char pkl_list_none[] = "\x80\x02]q\x00Na.";
+static const char pkl_dict[] = "\x80\x02}q\x00.";
+
+/* megatron-core's view of a model: the objects its strict load asks for
+ * (family f's, None in every layer), and a common.pt holding the empty
+ * common state that dist_checkpointing.load reads first. */
+static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
+			    rs_diag *d)
+{
+	const rs_catalog *c = &ck->catalog;
+	uint64_t layers = 0;
+	int err = 0;
+
+	for (size_t i = 0; i < c->count; i++)
+		if (strcmp(c->tensors[i].name,
+			   "decoder.layers.self_attention.linear_qkv.weight") == 0)
+			layers = c->tensors[i].shape[0];
+	for (size_t k = 0; f->objects && f->objects[k] && !err; k++) {
+		const char *pat = f->objects[k], *at = strstr(pat, "#.");
+
+		for (uint64_t l = 0; l < layers && !err; l++) {
+			rs_blob *b;
+
+			err = rs_array_reserve(&ck->blobs, &ck->cap_blobs,
+					       ck->nblobs + 1, sizeof(*b));
+			if (err)
+				break;
+			b = &ck->blobs[ck->nblobs];
+			memset(b, 0, sizeof(*b));
+			if (!at || asprintf(&b->fqn, "%.*s%s/shard_%llu_%llu",
+					    (int)(at - pat), pat, at + 2,
+					    (unsigned long long)l,
+					    (unsigned long long)layers) < 0) {
+				b->fqn = NULL;
+				err = at ? -ENOMEM : -EINVAL;
+				break;
+			}
+			ck->nblobs++;
+			err = rs_torch_object_make(pkl_none, sizeof(pkl_none) - 1,
+						   &b->made[0], &b->made_len[0]);
+			if (!err)
+				err = rs_torch_object_make(pkl_list_none,
+							   sizeof(pkl_list_none) - 1,
+							   &b->made[1], &b->made_len[1]);
+		}
+	}
+	for (size_t i = 0; i < ck->nentries && !err; i++)
+		if (ck->entries[i].parent < 0 &&
+		    strcmp(ck->entries[i].name, "common.pt") == 0) {
+			rs_diag_add(d, "%s/common.pt: an HF model directory holding megatron-core's common.pt; the view writes its own",
+				    ck->dir_path);
+			return -EINVAL;
+		}
+	if (!err) {
+		ck->made = calloc(1, sizeof(*ck->made));
+		if (!ck->made || !(ck->made[0].name = strdup("common.pt")))
+			err = -ENOMEM;
+		else
+			ck->nmade = 1;
+	}
+	if (!err)
+		err = rs_torch_object_make(pkl_dict, sizeof(pkl_dict) - 1,
+					   &ck->made[0].bytes, &ck->made[0].len);
+	return err;
+}
+
+/* An HF model directory holds none of Megatron's own records: a dist
+ * checkpoint's common.pt (its args, optimizer groups, rng state) is left
+ * out of the hf view. */
+static void hide_megatron_records(rs_checkpoint *ck)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, "common.pt") == 0)
+			ck->entries[i].hidden = true;
+}
+
 int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 {
 	const rs_family *f = family_of(ck, o);
@@ -151,6 +233,10 @@ int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 		if (e != SIZE_MAX && ck->catalog.tensors[e].ndim == 2)
 			ck->model.vocab = ck->catalog.tensors[e].shape[0];
 	}
+	if (!err && strcmp(f->to, "mcore") == 0)
+		err = make_mcore_files(ck, f, d);
+	if (!err && strcmp(f->from, "mcore") == 0)
+		hide_megatron_records(ck);
 	if (!err && strcmp(f->to, "hf") == 0)
 		ck->model.family = f;
 	rs_bridge_rows_free(rows, nrows);

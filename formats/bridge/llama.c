@@ -260,6 +260,16 @@ int rs_llama_check_mcore(rs_checkpoint *ck, const rs_bridge_opts *o,
 			    (unsigned long long)dn->shape[1]);
 		return -EINVAL;
 	}
+	{
+		const rs_tensor *op = find_out(ck, "model.layers.0.self_attn.o_proj.weight");
+
+		if (!op || op->ndim != 2 || op->shape[1] != q->shape[0]) {
+			rs_diag_add(d, "%s: linear_proj's columns are not the %llu rows of %u query heads (num_attention_heads) that linear_qkv gives",
+				    ck->dir_path, (unsigned long long)q->shape[0],
+				    m->heads);
+			return -EINVAL;
+		}
+	}
 	if (ck->facts.head_dim && ck->facts.head_dim != m->head_dim) {
 		rs_diag_add(d, "%s: %s say kv_channels %u, but linear_qkv's rows give %u per head",
 			    ck->dir_path, ck->facts.from, ck->facts.head_dim,

@@ -229,9 +229,13 @@ static int qkv_split(op_job *j)
 	int which = j->op - RS_MAP_QKV_Q;       /* 0 q, 1 k, 2 v */
 	int err = need(j, h && g, "the head and query group counts are unknown");
 
-	if (!err)
-		err = need(j, h % g == 0 && rows % (h + 2 * g) == 0,
-			   "its rows do not divide into the query groups");
+	if (!err && (h % g || rows % (h + 2 * g))) {
+		snprintf(j->why, sizeof(j->why), "its %llu rows are not %llu query groups of %llu heads and a k and a v head each (num_attention_heads %llu, num_key_value_heads %llu)",
+			 (unsigned long long)rows, (unsigned long long)g,
+			 (unsigned long long)(g ? h / g : 0),
+			 (unsigned long long)h, (unsigned long long)g);
+		err = -EINVAL;
+	}
 	if (err)
 		return err;
 	d = rows / (h + 2 * g);

@@ -150,3 +150,30 @@ out:
 	rs_zip_free(&z);
 	return err;
 }
+
+int rs_torch_object_make(const void *pkl, size_t len, uint8_t **out,
+			 size_t *out_len)
+{
+	rs_zip_layout l = { 0 };
+	uint8_t *buf = NULL;
+	int err = rs_zip_layout_torch_save(&l, "archive", pkl, len, NULL, 0);
+
+	if (!err && !(buf = malloc(l.size ? l.size : 1)))
+		err = -ENOMEM;
+	for (size_t i = 0; i < l.npieces && !err; i++) {
+		/* no storages: every piece is literal */
+		if (l.pieces[i].kind != RS_ZIP_PIECE_LITERAL)
+			err = -EINVAL;
+		else
+			memcpy(buf + l.pieces[i].offset, l.pieces[i].bytes,
+			       l.pieces[i].length);
+	}
+	if (!err) {
+		*out = buf;
+		*out_len = l.size;
+		buf = NULL;
+	}
+	free(buf);
+	rs_zip_layout_free(&l);
+	return err;
+}

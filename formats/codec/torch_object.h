@@ -41,4 +41,12 @@ int rs_torch_object_append(rs_sources *src, const rs_torch_object *o,
 			   bool as_list, rs_vtree *t, uint32_t file,
 			   uint64_t *length, char *why, size_t why_size);
 
+/* A whole torch.save file of the pickle pkl[0, len) (an object holding
+ * no tensor), as torch 2.x writes it, into a malloc'd *out of *out_len
+ * bytes: what a view shows for an object no source stores (a None
+ * _extra_state, an empty common state).  0, -ENOMEM, or the layout's
+ * error. */
+int rs_torch_object_make(const void *pkl, size_t len, uint8_t **out,
+			 size_t *out_len);
+
 #endif

@@ -35,9 +35,12 @@ typedef enum {
 
 typedef struct {
 	char **keys;    /* dict keys from model[<chunk>] down to the tensor;
-			 * keys[layer_key] is the part after "layers.<n>." */
+			 * keys[layer_key] is the key without its "<n>." */
 	int nkeys;
 	int layer_key;  /* -1: no layer */
+	size_t layer_at; /* where "<n>." goes in keys[layer_key]: past
+			  * "layers." ("layers.", legacy's nested dicts;
+			  * "decoder.layers.", megatron-core's flat keys) */
 	int axis;       /* the source's TP split axis, -1: replicated */
 	uint64_t layer; /* global layer number */
 	rs_meg_place place;

@@ -35,35 +35,45 @@ typedef struct {
 	size_t ndicts;
 } walker;
 
-/* "layers.<n>.<rest>": n, and where rest starts. */
-static bool layer_key(const char *k, uint64_t *n, const char **rest)
+/* A key naming a layer: "layers.<n>.<rest>" (the legacy model's nested
+ * dicts), or "<prefix>.layers.<n>.<rest>" (megatron-core's flat state
+ * dict keys: decoder.layers.3.mlp.linear_fc1.weight).  n, where "<n>."
+ * starts (*at) and where rest starts. */
+static bool layer_key(const char *k, uint64_t *n, size_t *at,
+		      const char **rest)
 {
 	static const char pre[] = "layers.";
-	const char *s = k + sizeof(pre) - 1;
-	uint64_t v = 0;
-	int digits = 0;
 
-	if (strncmp(k, pre, sizeof(pre) - 1) != 0)
-		return false;
-	for (; *s >= '0' && *s <= '9' && digits < 10; s++, digits++)
-		v = v * 10 + (uint64_t)(*s - '0');
-	if (!digits || *s != '.' || !s[1])
-		return false;
-	*n = v;
-	*rest = s + 1;
-	return true;
+	for (const char *p = k; (p = strstr(p, pre)); p++) {
+		const char *s = p + sizeof(pre) - 1;
+		uint64_t v = 0;
+		int digits = 0;
+
+		if (p != k && p[-1] != '.')
+			continue;
+		for (; *s >= '0' && *s <= '9' && digits < 10; s++, digits++)
+			v = v * 10 + (uint64_t)(*s - '0');
+		if (!digits || *s != '.' || !s[1])
+			continue;
+		*n = v;
+		*at = (size_t)(p - k) + sizeof(pre) - 1;
+		*rest = s + 1;
+		return true;
+	}
+	return false;
 }
 
 /* The catalog name of the tensor at w->keys, with its global layer. */
-static int flat_name(const walker *w, int lk, uint64_t layer,
+static int flat_name(const walker *w, int lk, uint64_t layer, size_t at_key,
 		     const char *rest, char *out, size_t size)
 {
 	size_t at = 0;
 
 	for (int i = 0; i < w->nkeys; i++) {
 		int n = i == lk
-			? snprintf(out + at, size - at, "%slayers.%llu.%s",
-				   i ? "." : "", (unsigned long long)layer, rest)
+			? snprintf(out + at, size - at, "%s%.*s%llu.%s",
+				   i ? "." : "", (int)at_key, w->keys[i],
+				   (unsigned long long)layer, rest)
 			: snprintf(out + at, size - at, "%s%s", i ? "." : "",
 				   w->keys[i]);
 
@@ -121,9 +131,11 @@ static bool is_gated_name(const char *name)
 {
 	size_t n = strlen(name);
 	static const char *const ends[] = { "mlp.dense_h_to_4h.weight",
-					    "mlp.dense_h_to_4h.bias" };
+					    "mlp.dense_h_to_4h.bias",
+					    "mlp.linear_fc1.weight",
+					    "mlp.linear_fc1.bias" };
 
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 4; i++) {
 		size_t m = strlen(ends[i]);
 
 		if (n >= m && strcmp(name + n - m, ends[i]) == 0 &&
@@ -162,7 +174,8 @@ static int split_axis(walker *w, const char *name, const rs_torch_tensor *tt,
 }
 
 static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
-		    const char *rest, rs_meg_place place, int axis)
+		    size_t at_key, const char *rest, rs_meg_place place,
+		    int axis)
 {
 	rs_meg_reader *r = w->r;
 	rs_meg_tensor *mt;
@@ -183,11 +196,18 @@ static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
 		return -ENOMEM;
 	mt->nkeys = w->nkeys;
 	for (int i = 0; i < w->nkeys; i++) {
-		mt->keys[i] = strdup(i == lk ? rest : w->keys[i]);
-		if (!mt->keys[i])
-			return -ENOMEM;
+		if (i == lk)
+			err = asprintf(&mt->keys[i], "%.*s%s", (int)at_key,
+				       w->keys[i], rest) < 0 ? -ENOMEM : 0;
+		else if (!(mt->keys[i] = strdup(w->keys[i])))
+			err = -ENOMEM;
+		if (err) {
+			mt->keys[i] = NULL;
+			return err;
+		}
 	}
 	mt->layer_key = lk;
+	mt->layer_at = at_key;
 	mt->axis = axis;
 	mt->layer = layer;
 	mt->place = place;
@@ -196,7 +216,8 @@ static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
 
 /* Rank 0 of a stage: a new catalog tensor. */
 static int create(walker *w, const char *name, const rs_torch_tensor *tt,
-		  int lk, uint64_t layer, const char *rest, rs_meg_place place)
+		  int lk, uint64_t layer, size_t at_key, const char *rest,
+		  rs_meg_place place)
 {
 	rs_meg_reader *r = w->r;
 	uint32_t T = r->st->tp;
@@ -231,7 +252,7 @@ static int create(walker *w, const char *name, const rs_torch_tensor *tt,
 	}
 	err = rs_catalog_set_origin(&r->ck->catalog, index, w->path);
 	if (!err)
-		err = add_meta(w, index, lk, layer, rest, place, axis);
+		err = add_meta(w, index, lk, layer, at_key, rest, place, axis);
 	if (!err)
 		err = place_rank(w, &r->ck->catalog.tensors[index], axis, tt);
 	return err;
@@ -300,6 +321,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 	rs_meg_reader *r = w->r;
 	uint32_t P = r->st->pp, V = r->st->vpp;
 	uint64_t n = 0, layer = 0;
+	size_t at_key = 0;
 	const char *rest = NULL;
 	char name[1024], why[200];
 	rs_meg_place place = RS_MEG_LAST;
@@ -309,7 +331,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 	int lk = -1;
 
 	for (int i = 0; i < w->nkeys && lk < 0; i++)
-		if (layer_key(w->keys[i], &n, &rest))
+		if (layer_key(w->keys[i], &n, &at_key, &rest))
 			lk = i;
 	if (lk >= 0) {
 		if (n >= r->lpc) {
@@ -322,10 +344,11 @@ static int leaf(walker *w, const rs_pvalue *v)
 		place = RS_MEG_LAYER;
 	} else {
 		for (int i = 0; i < w->nkeys; i++)
-			if (strcmp(w->keys[i], "embedding") == 0)
+			if (strcmp(w->keys[i], "embedding") == 0 ||
+			    strncmp(w->keys[i], "embedding.", 10) == 0)
 				place = RS_MEG_FIRST;
 	}
-	if (flat_name(w, lk, layer, rest, name, sizeof(name))) {
+	if (flat_name(w, lk, layer, at_key, rest, name, sizeof(name))) {
 		rs_diag_add(r->d, "%s: a model key path is longer than %zu bytes",
 			    w->path, sizeof(name) - 1);
 		return -EINVAL;
@@ -346,7 +369,7 @@ static int leaf(walker *w, const rs_pvalue *v)
 		return match(w, name, &tt);
 	if (lk >= 0)
 		w->seen[n] = 1;
-	return create(w, name, &tt, lk, layer, rest, place);
+	return create(w, name, &tt, lk, layer, at_key, rest, place);
 }
 
 /* The pickle memo lets one dict appear under many keys (and inside
@@ -391,6 +414,12 @@ static int walk(walker *w, const rs_pvalue *pairs)
 				    w->path, RS_MEGATRON_MAX_NESTING);
 			return -EINVAL;
 		}
+		/* megatron-core's linear layers save an _extra_state, None
+		 * without Transformer Engine's fp8 state: no tensor, and
+		 * nothing a view needs. */
+		if (rs_pv_kind(v) == RS_PV_NONE && len >= 12 &&
+		    strcmp(k + len - 12, "_extra_state") == 0)
+			continue;
 		w->keys[w->nkeys++] = k;
 		if (rs_torch_is_tensor(v))
 			err = leaf(w, v);

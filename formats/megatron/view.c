@@ -115,9 +115,10 @@ static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 	}
 	for (int k = 0; k < mt->nkeys; k++) {
 		if (k == mt->layer_key) {
-			if (asprintf(&it->keys[k], "layers.%llu.%s",
+			if (asprintf(&it->keys[k], "%.*s%llu.%s",
+				     (int)mt->layer_at, mt->keys[k],
 				     (unsigned long long)(mt->layer - g * b->lpc),
-				     mt->keys[k]) < 0)
+				     mt->keys[k] + mt->layer_at) < 0)
 				it->keys[k] = NULL;
 		} else {
 			it->keys[k] = strdup(mt->keys[k]);

@@ -414,6 +414,7 @@ static int read_blob(reader *r, const char *fqn)
 	if (err)
 		return err;
 	b = &r->ck->blobs[r->ck->nblobs];
+	memset(b, 0, sizeof(*b));
 	b->fqn = strdup(fqn);
 	if (!b->fqn)
 		return -ENOMEM;

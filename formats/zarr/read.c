@@ -403,6 +403,7 @@ static int collect_blobs(rs_checkpoint *ck)
 		if (err)
 			break;
 		b = &ck->blobs[ck->nblobs];
+		memset(b, 0, sizeof(*b));
 		if (asprintf(&b->fqn, "%s/%.*s", dir->name,
 			     (int)(strlen(e->name) - 3), e->name) < 0) {
 			err = -ENOMEM;

@@ -344,6 +344,8 @@ int rs_zarr_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		err = view_catalog(t, ck, l, d);
 	if (!err && !own)
 		err = view_blobs(t, ck, d);
+	if (!err)
+		err = rs_checkpoint_add_made(ck, t);
 out:
 	free(array_of);
 	free(node);

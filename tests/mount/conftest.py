@@ -188,6 +188,7 @@ class Mount:
         if not wait_for(lambda: is_mounted(self.mnt), proc=self.proc):
             rc = self.proc.poll()
             cleanup(self.proc, self.mnt)
+            self.unmounted = True   # nothing left for teardown to unmount
             pytest.fail(f"mount did not appear within {MOUNT_TIMEOUT}s "
                         f"(daemon rc={rc}): {' '.join(self.cmd)}\n"
                         f"{self.log()}")
