@@ -160,6 +160,10 @@ static int build(rs_fs *fs, const rs_options *o)
 	}
 	fs->view_format = o->view_format ? o->view_format
 					 : rs_format_default_view(fs->ck.format);
+	/* megatron-core names are for megatron-core's loader: its own
+	 * backend unless -o format= says otherwise */
+	if (o->names && !o->view_format)
+		fs->view_format = rs_format_find_view("torch_dist");
 	err = bridge(fs, o, &lo, d, summary, sizeof(summary));
 	if (err)
 		goto out_ck;

@@ -70,8 +70,8 @@
 	  "the source's own; safetensors for metaseq shards)")                \
 	X(STR, "names", names, "ECO",                                         \
 	  "mcore: an HF Llama directory under megatron-core\n"               \
-	  "GPTModel names (with format=zarr or torch_dist,\n"               \
-	  "at any tp)")                                                       \
+	  "GPTModel names (format=torch_dist, the default,\n"               \
+	  "or zarr; at any tp)")                                              \
 	X(STR, "hf_config", hf_config, "FILE",                                \
 	  "JSON of LlamaConfig fields for format=hf of a\n"                 \
 	  "Megatron checkpoint: what its args do not record\n"              \
