@@ -39,7 +39,6 @@ library and compares it with an oracle, raising on the first difference
         logits, cut to the true vocab, with transformers'.
 """
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -50,6 +49,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
+
+from hf_load import from_pretrained_strict  # noqa: E402  (tests/mount)
 
 RTOL = 1e-4   # logits: max |diff| <= RTOL * max(1, max |want|)
 
@@ -139,7 +140,6 @@ def view_tensors(mnt):
 def check_hf(mnt, odir):
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
     mnt, odir = Path(mnt), Path(odir)
     meta = json.loads((odir / "model.json").read_text())
     size, arch = meta["size"], meta["arch"]
@@ -169,20 +169,8 @@ def check_hf(mnt, odir):
     for k in want:
         same(got[k][1], want[k], k)
 
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-    hf_logging.get_logger().addHandler(Keep(level=logging.WARNING))
-    model, info = AutoModelForCausalLM.from_pretrained(
-        mnt, local_files_only=True, output_loading_info=True,
-        dtype=torch.float32)
-    for key in ("missing_keys", "unexpected_keys", "mismatched_keys",
-                "error_msgs"):
-        assert not info[key], (key, info[key])
-    assert not any("were not" in r or "newly initialized" in r
-                   for r in records), records
+    model = from_pretrained_strict(AutoModelForCausalLM, mnt,
+                                   dtype=torch.float32)
     assert type(model).__name__ == "LlamaForCausalLM", type(model)
     sd = model.state_dict()
     for k in want:
@@ -228,11 +216,7 @@ def check_hf_legacy(mnt, npz):
     assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
     for k, w in want.items():
         same(got[k][1], np.ascontiguousarray(w), k)
-    _, info = AutoModelForCausalLM.from_pretrained(
-        mnt, local_files_only=True, output_loading_info=True)
-    for key in ("missing_keys", "unexpected_keys", "mismatched_keys",
-                "error_msgs"):
-        assert not info[key], (key, info[key])
+    from_pretrained_strict(AutoModelForCausalLM, mnt)
     print(f"hf_legacy: {len(want)} tensors exact, loaded")
 
 

@@ -10,12 +10,13 @@ the first difference (exit status 1 with the reason).
                                             of every part file
 """
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
 import torch
+
+from hf_load import from_pretrained_strict  # tests/mount
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -69,26 +70,13 @@ def hf_names(full, untied):
 
 def check_hf(mnt, odir):
     from transformers import OPTConfig, OPTForCausalLM
-    from transformers.utils import logging as hf_logging
     full, a = oracle(odir)
     for name in ("vocab.json", "merges.txt", "dict.txt"):
         assert (Path(mnt) / name).read_text() == \
             f"{name} of the test tokenizer\n", name
     # every warning transformers logs while loading
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-    hf_logging.get_logger().addHandler(Keep(level=logging.WARNING))
-    model, info = OPTForCausalLM.from_pretrained(
-        mnt, local_files_only=True, output_loading_info=True,
-        torch_dtype=torch.float32)
-    for key in ("missing_keys", "unexpected_keys", "mismatched_keys",
-                "error_msgs"):
-        assert not info[key], (key, info[key])
-    assert not any("were not" in r or "newly initialized" in r
-                   for r in records), records
+    model = from_pretrained_strict(OPTForCausalLM, mnt,
+                                   torch_dtype=torch.float32)
     # the oracle: transformers' own OPT built from the hyperparameters
     # the checkpoint was written with, the consolidated weights loaded
     config = OPTConfig(

@@ -33,6 +33,22 @@ def error_lines(stderr):
     return [ln for ln in stderr.splitlines() if ln.startswith("reshardfs:")]
 
 
+def assert_erofs(ops):
+    """Every write-like operation in ops (name: a callable; an fd it
+    returns is closed) fails with EROFS."""
+    wrong = {}
+    for name, op in ops.items():
+        try:
+            r = op()
+            if isinstance(r, int):
+                os.close(r)
+            wrong[name] = "succeeded"
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                wrong[name] = errno.errorcode.get(e.errno, e.errno)
+    assert not wrong, f"expected EROFS: {wrong}"
+
+
 def assert_refused(rc, stderr, *needles):
     """Non-zero exit and one ``reshardfs: ...`` line holding every needle."""
     assert rc != 0, f"mount exited 0; stderr:\n{stderr}"
@@ -225,17 +241,7 @@ def test_writes_are_erofs(sample, mount):
         "utime": lambda: os.utime(f, (1, 1)),
         "mknod": lambda: os.mknod(mnt / "fifo", 0o600 | 0o010000),
     }
-    wrong = {}
-    for name, op in ops.items():
-        try:
-            r = op()
-            if isinstance(r, int):
-                os.close(r)
-            wrong[name] = "succeeded"
-        except OSError as e:
-            if e.errno != errno.EROFS:
-                wrong[name] = errno.errorcode.get(e.errno, e.errno)
-    assert not wrong, f"expected EROFS: {wrong}"
+    assert_erofs(ops)
     assert _read(f) == before
     assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
 

@@ -14,7 +14,6 @@ numpy; megatron-core's dist_checkpointing.load (StrictHandling.RAISE_ALL)
 or torch.load + load_state_dict(strict=True) at TP ranks, against
 transformers' forward and the HF tensors mapped and split with numpy.
 """
-import errno
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from mcore import CHECK, MCORE_PY, REPO, needs_mcore, run_mcore, run_py
-from test_bad_input import assert_refused
+from test_bad_input import assert_erofs, assert_refused
 
 HF_WRITER = REPO / "scripts" / "make_hf_llama.py"
 CHECKER = Path(__file__).resolve().parent / "llama_check.py"
@@ -282,17 +281,7 @@ def test_hf_view_read_only(mcore_src, mount, tmp_path):
                                      os.O_WRONLY | os.O_CREAT, 0o644),
            "unlink": lambda: os.unlink(m.mnt / "model.safetensors"),
            "mkdir": lambda: os.mkdir(m.mnt / "d")}
-    wrong = {}
-    for name, op in ops.items():
-        try:
-            r = op()
-            if isinstance(r, int):
-                os.close(r)
-            wrong[name] = "succeeded"
-        except OSError as e:
-            if e.errno != errno.EROFS:
-                wrong[name] = errno.errorcode.get(e.errno, e.errno)
-    assert not wrong, f"expected EROFS: {wrong}"
+    assert_erofs(ops)
 
 
 # ---------------------------------------------------- HF -> names=mcore
