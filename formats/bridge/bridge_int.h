@@ -16,6 +16,32 @@ typedef struct {
 	bool tied;
 } rs_map_dims;
 
+/* One piece of a target: source k's rows [lo, hi) at target row `at`
+ * (rows: the first axis after the layer axis). */
+typedef struct {
+	int k;                  /* the row's source */
+	uint64_t lo, hi, at;    /* its rows [lo, hi) at target row `at` */
+} rs_map_piece;
+
+/* An op on one layer's sources (their shapes without the layer axis):
+ * rs_map_run fills the pieces (malloc'd: the caller frees pcs) and the
+ * target's shape, or returns -EINVAL with the reason in why, -ENOMEM. */
+typedef struct {
+	rs_map_op op;
+	const rs_map_dims *dims;
+	int nsrc;
+	int ndim[RS_MAP_MAX_FROM];
+	uint64_t shape[RS_MAP_MAX_FROM][RS_MAX_DIMS];
+	/* out */
+	rs_map_piece *pcs;
+	size_t npcs;
+	int out_ndim;
+	uint64_t out_shape[RS_MAX_DIMS];
+	char why[200];
+} rs_map_job;
+
+int rs_map_run(rs_map_job *j);
+
 /* Applies rows user[0..nuser) then family f's to ck->catalog, into a new
  * catalog that replaces it on success.  Every stored tensor must be
  * taken by some row (made into a target, or left out by one). */

@@ -1,6 +1,7 @@
 /* remap: a family's rows applied to a catalog (formats/model.h): each
- * target tensor is pieces of stored tensors' fragments, clipped along
- * the layer axis and the row axis and moved into place. */
+ * target tensor is pieces (formats/bridge/ops.c) of stored tensors'
+ * fragments, clipped along the layer axis and the row axis and moved
+ * into place. */
 #include "formats/bridge/bridge_int.h"
 
 #include <errno.h>
@@ -159,12 +160,7 @@ static void set_free(name_set *s)
 	free(s->slot);
 }
 
-/* ---- the ops: which rows of which source go where ------------------ */
-
-typedef struct {
-	int k;                  /* the row's source */
-	uint64_t lo, hi, at;    /* its rows [lo, hi) at target row `at` */
-} piece;
+/* ---- sources ------------------------------------------------------- */
 
 typedef struct {
 	const rs_tensor *t;
@@ -181,158 +177,6 @@ static int layer_shape(const src_ref *s, uint64_t *shape)
 	return s->t->ndim - a0;
 }
 
-typedef struct {
-	rs_map_op op;
-	const rs_map_dims *dims;
-	int nsrc;
-	int ndim[RS_MAP_MAX_FROM];
-	uint64_t shape[RS_MAP_MAX_FROM][RS_MAX_DIMS];
-	/* out */
-	piece *pcs;
-	size_t npcs;
-	int out_ndim;
-	uint64_t out_shape[RS_MAX_DIMS];
-	char why[200];
-} op_job;
-
-static int need(op_job *j, bool ok, const char *why)
-{
-	if (!ok)
-		snprintf(j->why, sizeof(j->why), "%s", why);
-	return ok ? 0 : -EINVAL;
-}
-
-/* Sources k > 0 must match source 0 in every axis but the rows. */
-static int same_cols(op_job *j)
-{
-	for (int k = 1; k < j->nsrc; k++) {
-		bool same = j->ndim[k] == j->ndim[0];
-
-		for (int i = 1; same && i < j->ndim[0]; i++)
-			same = j->shape[k][i] == j->shape[0][i];
-		if (!same)
-			return need(j, false, "its sources' shapes differ past the first axis");
-	}
-	return 0;
-}
-
-static int add(op_job *j, int k, uint64_t lo, uint64_t hi, uint64_t at)
-{
-	j->pcs[j->npcs++] = (piece){ k, lo, hi, at };
-	return 0;
-}
-
-static int qkv_split(op_job *j)
-{
-	uint64_t rows = j->shape[0][0], h = j->dims->heads, g = j->dims->groups;
-	uint64_t d, q;
-	int which = j->op - RS_MAP_QKV_Q;       /* 0 q, 1 k, 2 v */
-	int err = need(j, h && g, "the head and query group counts are unknown");
-
-	if (!err && (h % g || rows % (h + 2 * g))) {
-		snprintf(j->why, sizeof(j->why), "its %llu rows are not %llu query groups of %llu heads and a k and a v head each (num_attention_heads %llu, num_key_value_heads %llu)",
-			 (unsigned long long)rows, (unsigned long long)g,
-			 (unsigned long long)(g ? h / g : 0),
-			 (unsigned long long)h, (unsigned long long)g);
-		err = -EINVAL;
-	}
-	if (err)
-		return err;
-	d = rows / (h + 2 * g);
-	q = h / g * d;
-	for (uint64_t i = 0; i < g; i++) {
-		uint64_t base = i * (q + 2 * d);
-
-		if (which == 0)
-			add(j, 0, base, base + q, i * q);
-		else
-			add(j, 0, base + q + (uint64_t)(which - 1) * d,
-			    base + q + (uint64_t)which * d, i * d);
-	}
-	j->out_shape[0] = which == 0 ? h * d : g * d;
-	return 0;
-}
-
-static int qkv_fuse(op_job *j)
-{
-	uint64_t h = j->dims->heads, g = j->dims->groups, d, q;
-	int err = need(j, h && g, "the head and query group counts are unknown");
-
-	if (!err)
-		err = same_cols(j);
-	if (!err)
-		err = need(j, h % g == 0 && j->shape[1][0] == j->shape[2][0] &&
-			      j->shape[1][0] % g == 0 &&
-			      j->shape[0][0] == h * (j->shape[1][0] / g),
-			   "q, k and v do not divide into the heads and query groups");
-	if (err)
-		return err;
-	d = j->shape[1][0] / g;
-	q = h / g * d;
-	for (uint64_t i = 0; i < g; i++) {
-		uint64_t base = i * (q + 2 * d);
-
-		add(j, 0, i * q, (i + 1) * q, base);
-		add(j, 1, i * d, (i + 1) * d, base + q);
-		add(j, 2, i * d, (i + 1) * d, base + q + d);
-	}
-	j->out_shape[0] = g * (q + 2 * d);
-	return 0;
-}
-
-static int run_op(op_job *j)
-{
-	uint64_t rows = j->ndim[0] ? j->shape[0][0] : 0;
-	size_t cap = 2;
-	int err;
-
-	for (int k = 0; k < j->nsrc; k++)
-		if (j->ndim[k] < 1 && j->op != RS_MAP_SAME)
-			return need(j, false, "a source has no rows");
-	if (j->op >= RS_MAP_QKV_Q && j->op <= RS_MAP_FUSE_QKV)
-		cap = 3 * (size_t)(j->dims->groups ? j->dims->groups : 1);
-	j->pcs = calloc(cap, sizeof(*j->pcs));
-	if (!j->pcs)
-		return -ENOMEM;
-	j->out_ndim = j->ndim[0];
-	memcpy(j->out_shape, j->shape[0], sizeof(j->out_shape));
-	switch (j->op) {
-	case RS_MAP_SAME:
-		return add(j, 0, 0, rows, 0);
-	case RS_MAP_QKV_Q:
-	case RS_MAP_QKV_K:
-	case RS_MAP_QKV_V:
-		return qkv_split(j);
-	case RS_MAP_FUSE_QKV:
-		return qkv_fuse(j);
-	case RS_MAP_HALF_0:
-	case RS_MAP_HALF_1:
-		err = need(j, rows % 2 == 0, "its rows do not halve");
-		if (!err)
-			add(j, 0, j->op == RS_MAP_HALF_0 ? 0 : rows / 2,
-			    j->op == RS_MAP_HALF_0 ? rows / 2 : rows, 0);
-		j->out_shape[0] = rows / 2;
-		return err;
-	case RS_MAP_CAT:
-		err = same_cols(j);
-		if (!err) {
-			add(j, 0, 0, rows, 0);
-			add(j, 1, 0, j->shape[1][0], rows);
-			j->out_shape[0] = rows + j->shape[1][0];
-		}
-		return err;
-	case RS_MAP_VOCAB:
-		err = need(j, j->dims->vocab && j->dims->vocab <= rows,
-			   "the true vocab size is unknown or above its rows");
-		if (!err) {
-			add(j, 0, 0, j->dims->vocab, 0);
-			j->out_shape[0] = j->dims->vocab;
-		}
-		return err;
-	}
-	return need(j, false, "unknown op");
-}
-
 /* ---- fragments ----------------------------------------------------- */
 
 typedef struct {
@@ -342,7 +186,7 @@ typedef struct {
 
 /* Source s's fragments inside piece p, moved to the target's
  * coordinates (layer `dl` on a stacked target's axis 0, -1: none). */
-static int place(frag_list *fl, const src_ref *s, const piece *p,
+static int place(frag_list *fl, const src_ref *s, const rs_map_piece *p,
 		 int64_t dl, uint64_t layer_numel)
 {
 	const rs_tensor *t = s->t;
@@ -422,7 +266,7 @@ static int name_err(remap_ctx *c, const char *what, int err)
 static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 		const src_ref *refs, int nsrc, size_t slots, bool stack)
 {
-	op_job j;
+	rs_map_job j;
 	frag_list fl = { 0 };
 	uint64_t shape[RS_MAX_DIMS], layer_numel = 1, covered, total;
 	size_t idx, a, b;
@@ -435,11 +279,13 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 		j.nsrc = nsrc;
 		for (int k = 0; k < nsrc; k++) {
 			j.ndim[k] = layer_shape(&refs[s * nsrc + k], j.shape[k]);
-			if (refs[s * nsrc + k].t->dtype != refs[s * nsrc].t->dtype)
-				err = need(&j, false, "its sources' dtypes differ");
+			if (refs[s * nsrc + k].t->dtype != refs[s * nsrc].t->dtype) {
+				snprintf(j.why, sizeof(j.why), "its sources' dtypes differ");
+				err = -EINVAL;
+			}
 		}
 		if (!err)
-			err = run_op(&j);
+			err = rs_map_run(&j);
 		if (err == -EINVAL)
 			rs_diag_add(c->d, "%s: %s (from %s, %s): %s",
 				    c->ck->dir_path, name, refs[s * nsrc].t->name,
