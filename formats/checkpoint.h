@@ -133,7 +133,7 @@ typedef struct {
  * checkpoint's own records (Megatron's args, an HF config.json); 0 (NAN
  * for the doubles, -1 for the tri-states) where unknown.  The layout
  * refuses a TP that would cut a query group; the bridge
- * (formats/bridge.h) takes the rest for an HF config.json. */
+ * (formats/bridge/bridge.h) takes the rest for an HF config.json. */
 typedef struct {
 	uint32_t heads;         /* attention heads */
 	uint32_t query_groups;  /* GQA query groups (KV heads); heads for MHA */
@@ -175,8 +175,9 @@ struct rs_checkpoint {
 	size_t nmade;
 	rs_model_facts facts;
 	/* The architecture, where the reader knows it (the metaseq reader,
-	 * from cfg; family NULL otherwise): what the hf view writes its
-	 * config.json from (formats/model.h). */
+	 * from cfg) or the bridge gathered it (formats/bridge/bridge.h);
+	 * family NULL otherwise: what the hf view writes its config.json
+	 * from (formats/model.h). */
 	rs_model_config model;
 	/* Metadata bytes parsed so far (rs_checkpoint_charge), and the
 	 * limits from rs_open_opts. */
