@@ -555,7 +555,7 @@ static int apply_row(remap_ctx *c, const rs_map_row *r)
 			continue;
 		if (!rs_map_match(r->from[0], name, false, nums, &nn)) {
 			nn = 0;
-			if (!r->to || cat->tensors[i].ndim < 1 ||
+			if (cat->tensors[i].ndim < 1 ||
 			    !rs_map_match(r->from[0], name, true, nums, &nn))
 				continue;
 			stacked = true;

@@ -228,10 +228,37 @@ static void test_refusals(void)
 	rs_diag_free(d);
 }
 
+/* A drop row by the per-layer pattern drops a stacked tensor too. */
+static void test_drop_stacked(void)
+{
+	static const rs_map_row drop[] = {
+		{ NULL, RS_MAP_SAME,
+		  { "decoder.layers.#.self_attention.linear_qkv.layer_norm_weight" },
+		  RS_WHEN_ALWAYS },
+	};
+	rs_checkpoint ck;
+	rs_diag *d = rs_diag_new();
+	rs_map_dims dims = { H, G, V, false };
+
+	memset(&ck, 0, sizeof(ck));
+	ck.dir_path = "ckpt";
+	rs_catalog_init(&ck.catalog);
+	hf_llama(&ck.catalog);
+	CHECK(rs_remap(&ck, rs_family_find("llama", "hf", "mcore"), NULL, 0,
+		       &dims, d) == 0);
+	CHECK(rs_remap(&ck, rs_family_find("llama", "mcore", "hf"), drop, 1,
+		       &dims, d) == 0);
+	CHECK(find(&ck.catalog, "model.layers.0.input_layernorm.weight") == NULL);
+	CHECK(find(&ck.catalog, "model.layers.0.post_attention_layernorm.weight") != NULL);
+	rs_catalog_free(&ck.catalog);
+	rs_diag_free(d);
+}
+
 int main(void)
 {
 	test_match();
 	test_round_trip();
+	test_drop_stacked();
 	test_refusals();
 	return CHECK_DONE();
 }
