@@ -127,7 +127,7 @@ static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
 		lo->vocab_size = fs->ck.model.vocab;
 	/* The hf view's vocab was cut to the true one by the bridge; the
 	 * layout must not pad HF's names again. */
-	if (fs->ck.model.family && strcmp(fs->ck.model.family->to, "hf") == 0)
+	if (strcmp(fs->view_format->name, "hf") == 0)
 		lo->vocab_size = 0;
 	return 0;
 }
