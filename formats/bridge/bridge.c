@@ -53,9 +53,9 @@ int rs_bridge_wanted(const rs_checkpoint *ck, const rs_bridge_opts *o,
 		return -EINVAL;
 	}
 	if (o->names && (is(o->view, "hf") || is(o->view, "metaseq") ||
-			 is(o->view, "safetensors") || !o->view)) {
+			 is(o->view, "safetensors"))) {
 		rs_diag_add(d, "-o names=mcore: the %s view cannot take megatron-core names; choose -o format=zarr or torch_dist",
-			    o->view ? o->view->name : "default (safetensors)");
+			    o->view->name);
 		return -EINVAL;
 	}
 	if (o->hf_config && !(is(o->view, "hf") && megatron_source(ck))) {

@@ -13,11 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* transformers' save_pretrained default, max_shard_size "5GB" (a build
- * may set another, as the sharding check does). */
-#ifndef HF_SHARD_MAX
+/* transformers' save_pretrained default, max_shard_size "5GB"; -o
+ * shard_size= sets another. */
 #define HF_SHARD_MAX 5000000000ull
-#endif
 
 static const char *torch_dtype(rs_dtype t)
 {
