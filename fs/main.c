@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "fs/fs.h"
 #include "fs/log.h"
@@ -22,6 +23,15 @@
 
 /* Threads that build blocks ahead of sequential readers (fs/prefetch.h). */
 #define PREFETCH_THREADS 2
+
+/* Threads that build parts of large snapshots beside their openers
+ * (fs/snapshot.h): one per CPU but the opener's. */
+static unsigned snapshot_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n > 1 ? (unsigned)(n - 1) : 1;
+}
 
 static void usage(const char *prog)
 {
@@ -427,6 +437,9 @@ int main(int argc, char *argv[])
 	}
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
+	if (o.passthrough &&
+	    rs_snapshots_start(fs.snapshots, snapshot_threads()) != 0)
+		rs_log(RS_LOG_ERROR, "cannot start every snapshot build thread; openers build the rest");
 
 	if (cmd.singlethread) {
 		ret = fuse_session_loop(se);

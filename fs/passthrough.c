@@ -480,7 +480,7 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     "    \"opens\": {%s},\n"
 		     "    \"open_now\": {%s},\n"
 		     "    \"fallbacks\": {%s},\n"
-		     "    \"snapshots\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu}\n"
+		     "    \"snapshots\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu, \"parts\": %llu, \"parts_on_threads\": %llu, \"build_threads\": %llu}\n"
 		     "  }",
 		     p->enabled ? "auto" : "off",
 		     atomic_load(&p->active) ? "true" : "false", why, opens, now,
@@ -490,7 +490,10 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     (unsigned long long)ss.bytes_built, ss.build_ns / 1e9,
 		     (unsigned long long)ss.build_errors,
 		     (unsigned long long)ss.reuses,
-		     (unsigned long long)ss.evictions) < 0)
+		     (unsigned long long)ss.evictions,
+		     (unsigned long long)ss.parts,
+		     (unsigned long long)ss.parts_on_threads,
+		     (unsigned long long)ss.build_threads) < 0)
 		return NULL;
 	return out;
 }

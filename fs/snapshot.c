@@ -11,8 +11,9 @@
 #include <unistd.h>
 
 /* Block-sized buffers kept for the next builds (a fresh 4 MiB buffer is a
- * fresh mapping, faulted and zeroed page by page); a build takes two. */
-#define NSPARES 4
+ * fresh mapping, faulted and zeroed page by page); a part being built
+ * takes two. */
+#define NSPARES 8
 
 struct rs_snapshot {
 	uint32_t node;
@@ -36,6 +37,15 @@ struct rs_snapshots {
 	uint8_t *spares[NSPARES];
 	unsigned nspares;
 	rs_snapshot_stats stats;
+	/* The build threads and their queue (qlock; see "building"). */
+	pthread_mutex_t qlock;
+	pthread_cond_t work;        /* a job was queued, or stop */
+	pthread_cond_t job_done;    /* a job's last part ended */
+	struct build_job *queue;
+	pthread_t threads[RS_SNAPSHOT_MAX_THREADS];
+	unsigned nthreads;
+	bool stopping;
+	uint64_t parts, parts_on_threads;
 };
 
 static void idle_remove(rs_snapshots *s, rs_snapshot *e)
@@ -114,6 +124,9 @@ int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
 	}
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->built, NULL);
+	pthread_mutex_init(&s->qlock, NULL);
+	pthread_cond_init(&s->work, NULL);
+	pthread_cond_init(&s->job_done, NULL);
 	s->blocks = blocks;
 	s->tree = tree;
 	s->max_size = max_size;
@@ -126,6 +139,12 @@ void rs_snapshots_free(rs_snapshots *s)
 {
 	if (!s)
 		return;
+	pthread_mutex_lock(&s->qlock);
+	s->stopping = true;
+	pthread_cond_broadcast(&s->work);
+	pthread_mutex_unlock(&s->qlock);
+	for (unsigned i = 0; i < s->nthreads; i++)
+		pthread_join(s->threads[i], NULL);
 	rs_cache_set_reclaim(s->blocks->cache, NULL, NULL);
 	for (uint32_t i = 0; i < s->tree->count; i++)
 		if (s->table[i]) {
@@ -135,6 +154,9 @@ void rs_snapshots_free(rs_snapshots *s)
 	for (unsigned i = 0; i < s->nspares; i++)
 		free(s->spares[i]);
 	free(s->table);
+	pthread_cond_destroy(&s->job_done);
+	pthread_cond_destroy(&s->work);
+	pthread_mutex_destroy(&s->qlock);
 	pthread_cond_destroy(&s->built);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -146,11 +168,35 @@ void rs_snapshots_free(rs_snapshots *s)
  * window are assembled in a buffer and written with one pwrite (a write
  * that covers only part of a new shmem page makes the kernel zero the
  * rest of it first; whole windows never do).  A window holding nothing
- * but zero segments is not written: a hole, no memory. */
+ * but zero segments is not written: a hole, no memory.
+ *
+ * A file of more than PART_SIZE bytes is cut into parts of about that
+ * size, and the parts are built side by side: by the opener and by the
+ * store's build threads, which take parts of every build in progress from
+ * one queue.  (A block build already spreads its gather over the
+ * executor's threads; what parts add is the rest of a window's work, the
+ * pwrite into the memfd and the source ranges, which is half of it.)  A
+ * cut never falls inside a tensor block, so every block is still built
+ * once (amplification 1.00); two parts writing either end of one page are
+ * serialised by the page's lock, and whichever comes first zeroes only
+ * the bytes the other then writes. */
+#define PART_SIZE (4 * (uint64_t)RS_BLOCK_SIZE)
+
+typedef struct build_job build_job;
+struct build_job {
+	rs_snapshots *s;
+	const rs_vnode *n;
+	int fd;
+	uint64_t *cuts;         /* part k is the file's [cuts[k], cuts[k+1]) */
+	uint32_t nparts;
+	uint32_t next;          /* the next part to take (s->qlock) */
+	uint32_t running;       /* parts being built (s->qlock) */
+	int error;              /* the first part's error (s->qlock) */
+	build_job *qnext;       /* in the queue of jobs with parts left */
+};
 
 typedef struct {
 	rs_snapshots *s;
-	const rs_vnode *n;
 	int fd;
 	uint8_t *win;           /* the window's bytes */
 	uint64_t base, len;     /* the window: file bytes [base, base + len) */
@@ -266,18 +312,36 @@ static int fill(builder *b, const rs_segment *seg, uint64_t lo, uint64_t hi)
 	return -EIO;
 }
 
-/* Every byte of file n written to b->fd, window by window. */
-static int build_windows(builder *b)
+/* The segment of file n holding byte `off` (n->nsegs when none does). */
+static uint32_t segment_at(const rs_vnode *n, uint64_t off)
 {
-	const rs_vnode *n = b->n;
-	uint32_t i = 0;
+	uint32_t lo = 0, hi = n->nsegs;
 
-	for (b->base = 0; b->base < n->size; b->base += RS_BLOCK_SIZE) {
-		uint64_t wend;
+	while (lo < hi) {       /* the first segment ending past off */
+		uint32_t mid = lo + (hi - lo) / 2;
+		const rs_segment *seg = &n->segs[mid];
 
-		b->len = n->size - b->base < RS_BLOCK_SIZE ? n->size - b->base
-							   : RS_BLOCK_SIZE;
-		wend = b->base + b->len;
+		if (seg->offset + seg->length <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Bytes [from, to) of file n written to b->fd, window by window; the
+ * windows after the first are RS_BLOCK_SIZE-aligned. */
+static int build_range(builder *b, const rs_vnode *n, uint64_t from,
+		       uint64_t to)
+{
+	uint32_t i = segment_at(n, from);
+	uint64_t wend;
+
+	for (b->base = from; b->base < to; b->base = wend) {
+		wend = (b->base / RS_BLOCK_SIZE + 1) * RS_BLOCK_SIZE;
+		if (wend > to)
+			wend = to;
+		b->len = wend - b->base;
 		b->written = false;
 		for (; i < n->nsegs; i++) {
 			const rs_segment *seg = &n->segs[i];
@@ -331,6 +395,157 @@ static void give_buffer(rs_snapshots *s, uint8_t *buf)
 	free(buf);
 }
 
+/* Part k of job j, with buffers of its own. */
+static int build_part(build_job *j, uint32_t k)
+{
+	builder b = { .s = j->s, .fd = j->fd };
+	int err = 0;
+
+	b.win = take_buffer(j->s);
+	b.blk = take_buffer(j->s);
+	if (!b.win || !b.blk)
+		err = -ENOMEM;
+	if (!err)
+		err = build_range(&b, j->n, j->cuts[k], j->cuts[k + 1]);
+	give_buffer(j->s, b.win);
+	give_buffer(j->s, b.blk);
+	return err;
+}
+
+/* Takes the next part of job j (s->qlock held): its index, or -1 when
+ * none is left.  A job with an error has none left; a job with none left
+ * leaves the queue. */
+static int64_t take_part(rs_snapshots *s, build_job *j)
+{
+	int64_t k = -1;
+
+	if (!j->error && j->next < j->nparts) {
+		k = j->next++;
+		j->running++;
+	}
+	if (j->error || j->next == j->nparts) {
+		j->next = j->nparts;
+		for (build_job **q = &s->queue; *q; q = &(*q)->qnext)
+			if (*q == j) {
+				*q = j->qnext;
+				break;
+			}
+	}
+	return k;
+}
+
+/* Part k of job j built, or failed (s->qlock held). */
+static void part_done(rs_snapshots *s, build_job *j, int err)
+{
+	if (err && !j->error)
+		j->error = err;
+	if (--j->running == 0 && j->next == j->nparts)
+		pthread_cond_broadcast(&s->job_done);
+}
+
+static void *build_thread(void *arg)
+{
+	rs_snapshots *s = arg;
+
+	pthread_mutex_lock(&s->qlock);
+	for (;;) {
+		build_job *j;
+		int64_t k;
+		int err;
+
+		while (!s->queue && !s->stopping)
+			pthread_cond_wait(&s->work, &s->qlock);
+		if (s->stopping)
+			break;
+		j = s->queue;
+		k = take_part(s, j);
+		if (k < 0)
+			continue;
+		pthread_mutex_unlock(&s->qlock);
+		err = build_part(j, (uint32_t)k);
+		pthread_mutex_lock(&s->qlock);
+		s->parts_on_threads++;
+		part_done(s, j, err);
+	}
+	pthread_mutex_unlock(&s->qlock);
+	return NULL;
+}
+
+/* Where file n may be cut at or before `want` without a tensor block on
+ * both sides: want itself outside tensor segments, else the start of the
+ * block holding it; 0 when there is no such place past the segment's
+ * start. */
+static uint64_t cut_at(const rs_vnode *n, uint64_t want)
+{
+	uint32_t i = segment_at(n, want);
+	const rs_segment *seg;
+	uint64_t pos;
+
+	if (i == n->nsegs)
+		return want;
+	seg = &n->segs[i];
+	if (seg->kind != RS_SEG_TENSOR)
+		return want;
+	pos = seg->u.tensor.offset + (want - seg->offset);
+	pos -= pos % RS_BLOCK_SIZE;
+	if (pos > seg->u.tensor.offset)
+		return seg->offset + (pos - seg->u.tensor.offset);
+	/* the segment's first block: cut before the segment, unless the
+	 * segment before holds the start of that block */
+	if (seg->u.tensor.offset % RS_BLOCK_SIZE && i > 0 &&
+	    n->segs[i - 1].kind == RS_SEG_TENSOR &&
+	    n->segs[i - 1].u.tensor.chunk == seg->u.tensor.chunk)
+		return 0;
+	return seg->offset;
+}
+
+/* The parts of file n into j->cuts. */
+static int cut_parts(build_job *j, const rs_vnode *n)
+{
+	uint64_t most = n->size / PART_SIZE + 2;
+
+	j->cuts = malloc(most * sizeof(*j->cuts));
+	if (!j->cuts)
+		return -ENOMEM;
+	j->cuts[0] = 0;
+	j->nparts = 0;
+	for (uint64_t want = PART_SIZE; want < n->size; want += PART_SIZE) {
+		uint64_t c = cut_at(n, want);
+
+		if (c > j->cuts[j->nparts] && c < n->size)
+			j->cuts[++j->nparts] = c;
+	}
+	j->cuts[++j->nparts] = n->size;
+	return 0;
+}
+
+/* Every part of job j built: by this thread, and by the build threads
+ * when there are parts for them.  0 or the first part's error. */
+static int build_parts(rs_snapshots *s, build_job *j)
+{
+	int64_t k;
+	int err;
+
+	pthread_mutex_lock(&s->qlock);
+	if (j->nparts > 1 && s->nthreads) {
+		j->qnext = s->queue;    /* newest first: its opener waits */
+		s->queue = j;
+		pthread_cond_broadcast(&s->work);
+	}
+	while ((k = take_part(s, j)) >= 0) {
+		pthread_mutex_unlock(&s->qlock);
+		err = build_part(j, (uint32_t)k);
+		pthread_mutex_lock(&s->qlock);
+		part_done(s, j, err);
+	}
+	while (j->running)
+		pthread_cond_wait(&s->job_done, &s->qlock);
+	s->parts += j->nparts;
+	err = j->error;
+	pthread_mutex_unlock(&s->qlock);
+	return err;
+}
+
 /* A finished memfd sealed: it cannot be written, grown or shrunk again. */
 static int seal(int fd)
 {
@@ -341,30 +556,44 @@ static int seal(int fd)
 /* Every byte of file n into a new sealed memfd: *fd on success. */
 static int build(rs_snapshots *s, const rs_vnode *n, int *out)
 {
-	builder b = { .s = s, .n = n };
+	build_job j = { .s = s, .n = n };
 	int err = 0;
 
-	b.fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (b.fd < 0)
+	j.fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (j.fd < 0)
 		return -errno;
-	b.win = take_buffer(s);
-	b.blk = take_buffer(s);
-	if (!b.win || !b.blk)
-		err = -ENOMEM;
-	if (!err && ftruncate(b.fd, (off_t)n->size) != 0)
+	if (ftruncate(j.fd, (off_t)n->size) != 0)
 		err = -errno;
 	if (!err)
-		err = build_windows(&b);
+		err = cut_parts(&j, n);
 	if (!err)
-		err = seal(b.fd);
-	give_buffer(s, b.win);
-	give_buffer(s, b.blk);
+		err = build_parts(s, &j);
+	if (!err)
+		err = seal(j.fd);
+	free(j.cuts);
 	if (err) {
-		close(b.fd);
+		close(j.fd);
 		return err;
 	}
-	*out = b.fd;
+	*out = j.fd;
 	return 0;
+}
+
+int rs_snapshots_start(rs_snapshots *s, unsigned threads)
+{
+	int err = 0;
+
+	if (threads > RS_SNAPSHOT_MAX_THREADS)
+		threads = RS_SNAPSHOT_MAX_THREADS;
+	pthread_mutex_lock(&s->qlock);
+	while (s->nthreads < threads && !err) {
+		err = -pthread_create(&s->threads[s->nthreads], NULL,
+				      build_thread, s);
+		if (!err)
+			s->nthreads++;
+	}
+	pthread_mutex_unlock(&s->qlock);
+	return err;
 }
 
 static uint64_t now_ns(void)
@@ -510,4 +739,9 @@ void rs_snapshots_get_stats(rs_snapshots *s, rs_snapshot_stats *st)
 	pthread_mutex_lock(&s->lock);
 	*st = s->stats;
 	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_lock(&s->qlock);
+	st->parts = s->parts;
+	st->parts_on_threads = s->parts_on_threads;
+	st->build_threads = s->nthreads;
+	pthread_mutex_unlock(&s->qlock);
 }

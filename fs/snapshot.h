@@ -21,7 +21,9 @@
  * stay, for the next open of their file, until the cache needs their
  * bytes: it reclaims them least recently used first (rs_cache_reclaim).
  * Builds of one file are single flight: a second open waits for the
- * first one's build and shares it.  (Pages a reader keeps mapped after
+ * first one's build and shares it.  A large file is built in parts, by
+ * its opener and the store's build threads side by side (snapshot.c,
+ * "building"); without build threads the opener builds every part.  (Pages a reader keeps mapped after
  * the snapshot is freed stay with its mapping, outside the budget.)
  *
  * Errors: 0 or a negative errno.  rs_snapshots_get: -E2BIG when the file
@@ -54,14 +56,25 @@ typedef struct {
 	uint64_t build_errors;   /* builds that failed */
 	uint64_t reuses;         /* gets served by a snapshot already held */
 	uint64_t evictions;      /* idle snapshots freed for the budget */
+	uint64_t parts;          /* parts built, of the builds that succeeded */
+	uint64_t parts_on_threads;  /* parts the build threads took */
+	uint64_t build_threads;  /* build threads running */
 } rs_snapshot_stats;
+
+/* The most build threads a store runs. */
+#define RS_SNAPSHOT_MAX_THREADS 8
 
 /* A store for the files of `tree`, built through `blocks` (both borrowed:
  * they must outlive the store), none larger than max_size bytes.  It
  * registers itself as blocks->cache's reclaim callback. */
 int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
 		     const rs_vtree *tree, uint64_t max_size);
-/* Every reference must have been released.  NULL is a no-op. */
+/* Starts up to `threads` build threads (after fuse_daemonize: threads
+ * do not survive its fork).  0, or a negative errno with the threads
+ * started so far kept running. */
+int rs_snapshots_start(rs_snapshots *s, unsigned threads);
+/* Every reference must have been released; stops the build threads.
+ * NULL is a no-op. */
 void rs_snapshots_free(rs_snapshots *s);
 
 /* The snapshot of file `node`: held, or built now.  *reused (may be NULL)

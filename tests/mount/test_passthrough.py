@@ -251,6 +251,31 @@ def test_concurrent_opens_share_one_build(sample, mount):
     assert p["snapshots"]["builds"] == 1 and p["opens"]["snapshot"] == 16, p
 
 
+def test_large_files_built_in_parts(sample, mount):
+    """Files of up to 64 MiB, each built in 16 MiB parts by the opener and
+    the build threads side by side (fs/snapshot.c): every byte right,
+    each file built once, and the source read exactly as much as the read
+    path reads for the same files (no block built by two parts)."""
+    src = sample(2, **dict(SMALL, ffn=8192, optimizer=True))
+    exp = ExpectedView(src, 1)
+    big = [r for r in data_files(exp) if exp.size(r) > 16 << 20]
+    assert len(big) >= 4, [(r, exp.size(r)) for r in data_files(exp)]
+    m = mount(src, ["tp=1", "cache_size=1G"])
+    need_passthrough(m)
+    for rel in big:
+        assert (m.mnt / rel).read_bytes() == exp.read(rel), rel
+    st = stats(m)
+    s = st["passthrough"]["snapshots"]
+    assert s["builds"] == len(big), s
+    assert s["parts"] >= sum(-(-exp.size(r) // (16 << 20)) for r in big), s
+    assert s["build_threads"] >= 1, s
+    m.unmount()
+    m = mount(src, ["tp=1", "passthrough=off"])
+    for rel in big:
+        assert (m.mnt / rel).read_bytes() == exp.read(rel), rel
+    assert stats(m)["source_bytes_read"] == st["source_bytes_read"]
+
+
 @pytest.fixture
 def immutable(tmp_path):
     """chattr +i on paths (before the mount: a chattr moves the ctime),

@@ -3,7 +3,8 @@
  * and compared with bytes computed here, sealed once built; reuse, single
  * flight, the shared budget (-ENOSPC while open files hold it, reclaim of
  * idle snapshots), -E2BIG, a source changed before a build (-ESTALE,
- * nothing kept), and a dropped snapshot.
+ * nothing kept), a dropped snapshot, and a file built in parts by build
+ * threads (right bytes, no block built twice, -ESTALE as a whole).
  *
  * The source holds one f32 tensor of ROWS x COLS in C order (element g has
  * the bits g * 2654435761, so every element differs), stored as two row
@@ -60,9 +61,9 @@ typedef struct {
 	rs_vtree tree;
 	rs_catalog cat;
 	const rs_chunk *cols;     /* the column shard: 6 MiB */
-	uint32_t a, b_file, c_file, big, huge;
-	uint8_t *want_a, *want_b, *want_c;
-	uint64_t size_a, size_b;
+	uint32_t a, b_file, c_file, d, big, huge;
+	uint8_t *want_a, *want_b, *want_c, *want_d;
+	uint64_t size_a, size_b, size_d;
 } fixture;
 
 static const char head[] = "a literal header";
@@ -80,12 +81,17 @@ static void put_u32s(uint8_t *dst, uint64_t first, uint64_t n)
 /* File a: literal, 5000 zeros, source bytes [4096, 4096 + 3 MiB), the
  * whole column shard, literal.  File b: bytes [1 MiB + 64, 5 MiB) of the
  * column shard (not on a block boundary).  c: the whole shard from the
- * file's start (its blocks built in place in the windows).  big: 20 MiB
- * of zeros; huge: 40 MiB of zeros (over max_size). */
+ * file's start (its blocks built in place in the windows).  d: 19 MiB,
+ * built in two parts cut inside the column shard (which does not start
+ * on a block boundary): a literal, the whole tensor, 3 MiB of source
+ * bytes, the column shard, 2 MiB of zeros.  big: 20 MiB of zeros; huge:
+ * 40 MiB of zeros (over max_size). */
 static void make_tree(fixture *f)
 {
 	const uint64_t shape[2] = { ROWS, COLS }, chunk[2] = { ROWS / 2, COLS };
 	rs_box box = { .ndim = 2, .off = { 0, COL0 }, .len = { ROWS, NCOLS } };
+	rs_box all = { .ndim = 2, .off = { 0, 0 }, .len = { ROWS, COLS } };
+	const rs_chunk *whole;
 	struct timespec ts = { 0 };
 	uint8_t *content = make_content();
 	rs_tensor *t;
@@ -107,6 +113,9 @@ static void make_tree(fixture *f)
 	CHECK(rs_vtree_add_chunk(&f->tree, &plan, RS_DTYPE_F32, RS_DTYPE_F32,
 				 &f->cols) == 0);
 	CHECK(f->cols->size == 6 * MiB);
+	CHECK(rs_plan_box(t, &all, all.len, &plan) == 0);
+	CHECK(rs_vtree_add_chunk(&f->tree, &plan, RS_DTYPE_F32, RS_DTYPE_F32,
+				 &whole) == 0);
 
 	CHECK(rs_vtree_add_file(&f->tree, 0, "a", ts, &f->a) == 0);
 	CHECK(rs_vtree_append_literal(&f->tree, f->a, head, sizeof(head)) == 0);
@@ -137,6 +146,21 @@ static void make_tree(fixture *f)
 				     f->cols->size) == 0);
 	f->want_c = malloc(6 * MiB);
 	put_u32s(f->want_c, 0, 6 * MiB / 4);
+
+	CHECK(rs_vtree_add_file(&f->tree, 0, "d", ts, &f->d) == 0);
+	CHECK(rs_vtree_append_literal(&f->tree, f->d, head, sizeof(head)) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->d, whole, 0, whole->size) == 0);
+	CHECK(rs_vtree_append_source(&f->tree, f->d, 0, 64, 3 * MiB) == 0);
+	CHECK(rs_vtree_append_tensor(&f->tree, f->d, f->cols, 0,
+				     f->cols->size) == 0);
+	CHECK(rs_vtree_append_zero(&f->tree, f->d, 2 * MiB) == 0);
+	f->size_d = sizeof(head) + 8 * MiB + 3 * MiB + 6 * MiB + 2 * MiB;
+	f->want_d = calloc(1, f->size_d);
+	memcpy(f->want_d, head, sizeof(head));
+	at = sizeof(head);
+	memcpy(f->want_d + at, content, 8 * MiB);
+	memcpy(f->want_d + at + 8 * MiB, content + 64, 3 * MiB);
+	put_u32s(f->want_d + at + 11 * MiB, 0, 6 * MiB / 4);
 
 	CHECK(rs_vtree_add_file(&f->tree, 0, "big", ts, &f->big) == 0);
 	CHECK(rs_vtree_append_zero(&f->tree, f->big, 20 * MiB) == 0);
@@ -208,6 +232,7 @@ int main(void)
 	CHECK(rs_cache_new(&f.b.cache, 32 * MiB, false) == 0);
 	make_tree(&f);
 	CHECK(rs_snapshots_new(&s, &f.b, &f.tree, 24 * MiB) == 0);
+	CHECK(rs_snapshots_start(s, 2) == 0);
 	if (check_failed)
 		return CHECK_DONE();
 
@@ -275,6 +300,26 @@ int main(void)
 	CHECK(st.files == 1);
 	rs_snapshots_release(s, b);
 
+	/* A file in parts, built by this thread and the build threads: every
+	 * byte right, and no block built by both parts (the source bytes read
+	 * are the tensor's 8 MiB, the 3 MiB range and the shard's 4 MiB of
+	 * stored columns). */
+	{
+		uint64_t before = rs_sources_bytes_read(f.b.sources), parts;
+
+		rs_snapshots_get_stats(s, &st);
+		parts = st.parts;
+		CHECK(rs_snapshots_get(s, f.d, &x, NULL) == 0);
+		CHECK(holds(x, f.want_d, f.size_d));
+		check_sealed(x);
+		CHECK(rs_sources_bytes_read(f.b.sources) - before ==
+		      8 * MiB + 3 * MiB + 4 * MiB);
+		rs_snapshots_get_stats(s, &st);
+		CHECK(st.parts - parts == 2 && st.build_threads == 2);
+		rs_snapshots_release(s, x);
+		rs_snapshots_drop(s, f.d);
+	}
+
 	/* The source changed: a build fails with -ESTALE and keeps nothing. */
 	snprintf(path, sizeof(path), "%s/src", dir);
 	fp = fopen(path, "ab");
@@ -284,8 +329,10 @@ int main(void)
 	rs_snapshots_drop(s, f.b_file);
 	rs_cache_get_stats(f.b.cache, &cs);
 	CHECK(rs_snapshots_get(s, f.a, &x, NULL) == -ESTALE);
+	/* and a build in parts fails whole, whichever part found it */
+	CHECK(rs_snapshots_get(s, f.d, &x, NULL) == -ESTALE);
 	rs_snapshots_get_stats(s, &st);
-	CHECK(st.files == 0 && st.build_errors == 1);
+	CHECK(st.files == 0 && st.build_errors == 2);
 	{
 		rs_cache_stats after;
 
@@ -298,6 +345,7 @@ int main(void)
 	rs_catalog_free(&f.cat);
 	free(f.want_a);
 	free(f.want_b);
+	free(f.want_d);
 	free(f.want_c);
 	rs_cache_free(f.b.cache);
 	rs_executor_destroy(f.b.exec);
