@@ -176,12 +176,13 @@ void rs_snapshots_free(rs_snapshots *s)
  * size, and the parts are built side by side: by the opener and by the
  * store's build threads, which take parts of every build in progress from
  * one queue.  (A block build already spreads its gather over the
- * executor's threads; what parts add is the rest of a window's work, the
- * pwrite into the memfd and the source ranges, which is half of it.)  A
- * cut never falls inside a tensor block, so every block is still built
- * once (amplification 1.00); two parts writing either end of one page are
- * serialised by the page's lock, and whichever comes first zeroes only
- * the bytes the other then writes. */
+ * executor's threads.  Parts overlap the rest of a window's work: one
+ * part's source ranges and gathers run while another part's pwrite into
+ * the memfd does; the pwrites themselves take the file's inode lock in
+ * turn.)  A cut never falls inside a tensor block, so every block is
+ * still built once (amplification 1.00); of two parts writing either end
+ * of one page, whichever comes first zeroes only the bytes the other
+ * then writes. */
 #define PART_SIZE (4 * (uint64_t)RS_BLOCK_SIZE)
 
 typedef struct build_job build_job;
