@@ -250,6 +250,15 @@ static int add_entries(const rs_checkpoint *ck, const rs_entry *v, size_t n,
 	return err;
 }
 
+rs_entry *rs_checkpoint_top_entry(const rs_checkpoint *ck, const char *name)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent < 0 &&
+		    strcmp(ck->entries[i].name, name) == 0)
+			return &ck->entries[i];
+	return NULL;
+}
+
 int rs_checkpoint_add_made(const rs_checkpoint *ck, rs_vtree *t)
 {
 	int err = 0;
@@ -680,13 +689,12 @@ int rs_checkpoint_read_common(rs_checkpoint *ck)
 	const rs_zip_entry *pe;
 	uint8_t *pkl = NULL;
 	const rs_pvalue *args;
+	const rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
 	uint32_t src = UINT32_MAX;
 	int fd, err = 0;
 
-	for (size_t i = 0; i < ck->nentries; i++)
-		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
-		    strcmp(ck->entries[i].name, "common.pt") == 0)
-			src = ck->entries[i].source;
+	if (common && !common->is_dir)
+		src = common->source;
 	if (src == UINT32_MAX || rs_sources_fd(ck->sources, src, &fd) != 0 ||
 	    rs_zip_open(&z, fd, 0, rs_sources_id(ck->sources, src)->size, perr,
 			sizeof(perr)) != 0)

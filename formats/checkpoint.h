@@ -249,6 +249,10 @@ int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d);
 int rs_checkpoint_carry_outer(const rs_checkpoint *ck, rs_vtree *t);
 bool rs_is_iteration_name(const char *name);
 
+/* The entry named `name` at the top of the checkpoint directory (a file
+ * or a directory), or NULL. */
+rs_entry *rs_checkpoint_top_entry(const rs_checkpoint *ck, const char *name);
+
 /* Adds ck->made at the top of t (rs_checkpoint_carry does it too, for
  * views that carry SOURCE's files with it). */
 int rs_checkpoint_add_made(const rs_checkpoint *ck, rs_vtree *t);

@@ -668,6 +668,38 @@ def is_mounted(mnt):
         return any(line.split()[4] == mnt for line in f)
 
 
+# The suite's sample model (scripts/bench, scripts/bench_first_byte).
+SUITE_MODEL = dict(layers=4, hidden=1024, ffn=4096, heads=16, groups=4,
+                   vocab=32000, divisor=128, seed=1)
+
+
+def made_once(d, want, make):
+    """Directory d, made by make(d) unless the marker file d.json next to
+    it says it already holds `want` (a JSON-able description); kept for
+    the next run."""
+    d = Path(d)
+    marker = d.with_name(d.name + ".json")
+    if d.exists() and marker.exists() and \
+            json.loads(marker.read_text()) == want:
+        return d
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    make(d)
+    marker.write_text(json.dumps(want))
+    return d
+
+
+def ensure_checkpoint(base, tp, model=SUITE_MODEL, log=print):
+    """The sample checkpoint (scripts/make_sample_checkpoint.py) of
+    `model` at `tp`, base/ckpt_tp<tp>, made once (made_once)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import make_sample_checkpoint as msc
+
+    def make(d):
+        log(f"writing the tp={tp} checkpoint")
+        msc.make_checkpoint(str(d), tp, fast=True, **model)
+    return made_once(Path(base) / f"ckpt_tp{tp}", dict(model, tp=tp), make)
+
+
 class Mount:
     """A reshardfs view mounted for the duration of a ``with`` block:
 

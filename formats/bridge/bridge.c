@@ -131,14 +131,16 @@ static const char pkl_dict[] = "\x80\x02}q\x00.";
 static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 			    rs_diag *d)
 {
-	const rs_catalog *c = &ck->catalog;
-	uint64_t layers = 0;
+	size_t qkv = rs_bridge_find(ck, f,
+				    "decoder.layers.self_attention.linear_qkv.weight");
+	uint64_t layers = qkv == SIZE_MAX ? 0 : ck->catalog.tensors[qkv].shape[0];
 	int err = 0;
 
-	for (size_t i = 0; i < c->count; i++)
-		if (strcmp(c->tensors[i].name,
-			   "decoder.layers.self_attention.linear_qkv.weight") == 0)
-			layers = c->tensors[i].shape[0];
+	if (rs_checkpoint_top_entry(ck, "common.pt")) {
+		rs_diag_add(d, "%s/common.pt: an HF model directory holding megatron-core's common.pt; the view writes its own",
+			    ck->dir_path);
+		return -EINVAL;
+	}
 	for (size_t k = 0; f->objects && f->objects[k] && !err; k++) {
 		const char *pat = f->objects[k], *at = strstr(pat, "#.");
 
@@ -168,13 +170,6 @@ static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 							   &b->made[1], &b->made_len[1]);
 		}
 	}
-	for (size_t i = 0; i < ck->nentries && !err; i++)
-		if (ck->entries[i].parent < 0 &&
-		    strcmp(ck->entries[i].name, "common.pt") == 0) {
-			rs_diag_add(d, "%s/common.pt: an HF model directory holding megatron-core's common.pt; the view writes its own",
-				    ck->dir_path);
-			return -EINVAL;
-		}
 	if (!err) {
 		ck->made = calloc(1, sizeof(*ck->made));
 		if (!ck->made || !(ck->made[0].name = strdup("common.pt")))
@@ -193,10 +188,10 @@ static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
  * out of the hf view. */
 static void hide_megatron_records(rs_checkpoint *ck)
 {
-	for (size_t i = 0; i < ck->nentries; i++)
-		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
-		    strcmp(ck->entries[i].name, "common.pt") == 0)
-			ck->entries[i].hidden = true;
+	rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
+
+	if (common && !common->is_dir)
+		common->hidden = true;
 }
 
 int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)

@@ -135,7 +135,7 @@ static bool is_gated_name(const char *name)
 					    "mlp.linear_fc1.weight",
 					    "mlp.linear_fc1.bias" };
 
-	for (int i = 0; i < 4; i++) {
+	for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
 		size_t m = strlen(ends[i]);
 
 		if (n >= m && strcmp(name + n - m, ends[i]) == 0 &&
