@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""megatron-core's DistributedOptimizer on CPU: save its checkpoint forms, and
+load one back and dump what the optimizer then holds.
+
+  save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--dump FILE]
+      trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
+      model + optimizer as OUT/<form> for every form (torch_dist); --dump
+      writes what the optimizer holds then, as load does.
+  load CKPT --form F --tp T [--world W] --dump FILE
+      builds the same model at tp T, loads model + optimizer from CKPT asking
+      for form F, and writes FILE: for every rank and parameter, the fp32
+      main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
+      the model weights of that shard and the param groups' steps
+      (torch.save of a list of per-rank dicts).
+  compare GOT WANT
+      fails unless two dumps hold the same values, WANT's being trained.
+
+Both run in .venv-mcore (torch, megatron-core) over gloo, one process per
+rank. Only device placement is patched (see _cpu_patches): the code that
+builds, saves and loads the optimizer's sharded state dicts is mcore's own.
+
+--buckets 1 turns overlap_grad_reduce off, so DDP uses one bucket per
+buffer; with more buckets megatron-core 0.15.3 writes a wrong
+fully_reshardable checkpoint (its save gathers padded bucket shards that its
+load does not expect), so tests use one bucket as the oracle's layout.
+"""
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_mcore_checkpoint import _cpu_workarounds, _free_port  # noqa: E402
+
+FORMS = ("fully_reshardable", "dp_reshardable", "fully_sharded_model_space")
+
+
+def _cpu_patches():
+    """What DistributedOptimizer needs beyond make_mcore_checkpoint's patches
+    to run without a GPU: tensors asked for on 'cuda' are made on the CPU,
+    .cuda() is the identity, and Tensor.type() names the CUDA type it checks
+    for (distrib_optimizer.py compares it to 'torch.cuda.BFloat16Tensor')."""
+    import torch
+    _cpu_workarounds()
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda *a, **k: None
+
+    def on_cpu(kw):
+        if "cuda" in str(kw.get("device", "")):
+            kw["device"] = "cpu"
+        kw.pop("pin_memory", None)
+        return kw
+    for name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
+        orig = getattr(torch, name)
+        setattr(torch, name, lambda *a, _f=orig, **k: _f(*a, **on_cpu(k)))
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    orig_type = torch.Tensor.type
+
+    def cuda_type(self, *a, **k):
+        t = orig_type(self, *a, **k)
+        if a or k or not t.startswith("torch.") or t.startswith("torch.cuda."):
+            return t
+        return "torch.cuda." + t[len("torch."):]
+    torch.Tensor.type = cuda_type
+
+
+def _torch_adamw_patches():
+    """Without TE or Apex megatron-core falls back to torch.optim.AdamW, whose
+    state has a 0-d 'step' per param; sharded_param_state_dp_reshardable
+    wants every state a 1-d bucket slice. FusedAdam keeps no per-param step
+    (the step is in the param groups, saved anyway), so drop it from the
+    bucket state and restore only the tensors the checkpoint has."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DO
+    orig_get = DO.get_parameter_state_dp_reshardable
+
+    def get(self):
+        state = orig_get(self)
+        for k, v in state.items():
+            if isinstance(k, int):
+                for buckets in v.values():
+                    for bucket in buckets:
+                        for t in bucket:
+                            t.pop("step", None)
+        return state
+    DO.get_parameter_state_dp_reshardable = get
+    orig_set = DO._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        if "step" in tensors:
+            return orig_set(self, model_param, tensors)
+        gi, go = self.model_param_group_index_map[model_param]
+        main = self.optimizer.param_groups[gi]["params"][go]
+        for key, dst in {"param": main, **self.optimizer.state[main]}.items():
+            if key in tensors:
+                dst.copy_(tensors[key])
+    DO._set_main_param_and_optimizer_states = set_states
+
+
+def build(tp, buckets):
+    import torch
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import (DistributedDataParallel,
+                                           DistributedDataParallelConfig)
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
+
+    torch.manual_seed(1234)
+    cfg = TransformerConfig(
+        num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        params_dtype=torch.bfloat16, bf16=True, sequence_parallel=False,
+        gradient_accumulation_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, bias_dropout_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False)
+    gpt = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
+                   vocab_size=128, max_sequence_length=16,
+                   share_embeddings_and_output_weights=False,
+                   position_embedding_type="rope")
+    # The CUDA RNG tracker cannot fork without CUDA; dropout is 0 anyway.
+    tensor_parallel.get_cuda_rng_tracker().fork = \
+        lambda *a, **k: contextlib.nullcontext()
+    # As Megatron-LM's get_model(): every param, norms too, in bf16.
+    model = Float16Module(cfg, gpt)
+    ddp = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=buckets != 1,
+        use_distributed_optimizer=True, bucket_size=20000)
+    model = DistributedDataParallel(config=cfg, ddp_config=ddp, module=model)
+    ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01,
+                           bf16=True, params_dtype=torch.bfloat16,
+                           use_distributed_optimizer=True, clip_grad=0.0)
+    return gpt, model, get_megatron_optimizer(ocfg, [model])
+
+
+def train(model, opt, steps, dp_rank):
+    import torch
+    mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)[None, None]
+    pos = torch.arange(16).unsqueeze(0).expand(2, -1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + dp_rank)
+        tokens = torch.randint(0, 128, (2, 16), generator=g)
+        labels = torch.randint(0, 128, (2, 16), generator=g)
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        model(tokens, pos, attention_mask=mask, labels=labels).float().mean().backward()
+        model.finish_grad_sync()
+        opt.step()
+
+
+def dump_states(gpt, opt):
+    """{param name: {state: fp32 1-d shard}} of this rank's optimizer."""
+    inner = opt.chained_optimizers[0] if hasattr(opt, "chained_optimizers") else opt
+    out = {}
+    for name, p in gpt.named_parameters():
+        if p in inner.model_param_group_index_map:
+            t = inner._get_main_param_and_optimizer_states(p)
+            out[name] = {k: v.detach().clone() for k, v in t.items()
+                         if k in ("param", "exp_avg", "exp_avg_sq")}
+            # The model weights this shard of main params belongs to.
+            r = inner._get_model_param_range_map(p)["param"]
+            out[name]["model"] = p.detach().view(-1)[r.start:r.end].clone()
+    # torch AdamW keeps a step per param (a load sets them from the groups).
+    steps = sorted({float(st["step"]) for st in inner.optimizer.state.values()
+                    if "step" in st})
+    return out, steps
+
+
+def write_dump(a, rank, gpt, opt, ps):
+    import torch
+    states, steps = dump_states(gpt, opt)
+    torch.save({"tp_rank": ps.get_tensor_model_parallel_rank(),
+                "dp_rank": ps.get_data_parallel_rank(), "steps": steps,
+                "states": states}, f"{a.dump}.rank{rank}")
+
+
+def worker(rank, world, port, a):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _cpu_patches()
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+    _torch_adamw_patches()
+    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp)
+    dp_rank = ps.get_data_parallel_rank()
+    gpt, model, opt = build(a.tp, a.buckets)
+    if a.mode == "save":
+        train(model, opt, 2, dp_rank)
+        for form in a.forms.split(","):
+            d = os.path.join(a.dir, form)
+            if rank == 0:
+                os.makedirs(d, exist_ok=True)
+            dist.barrier()
+            msd = gpt.sharded_state_dict()
+            osd = opt.sharded_state_dict(
+                msd, metadata={"distrib_optim_sharding_type": form})
+            dist_checkpointing.save({"model": msd, "optimizer": osd}, d)
+            dist.barrier()
+        if a.dump:
+            write_dump(a, rank, gpt, opt, ps)
+    else:
+        # torch AdamW has no state before a step; load overwrites these.
+        for o in getattr(opt, "chained_optimizers", [opt]):
+            o._init_optimizer_states_with_dummy_values()
+        msd = gpt.sharded_state_dict()
+        osd = opt.sharded_state_dict(msd, is_loading=True,
+                                     metadata={"distrib_optim_sharding_type": a.form})
+        loaded = dist_checkpointing.load({"model": msd, "optimizer": osd}, a.dir)
+        gpt.load_state_dict(loaded["model"], strict=False)
+        opt.load_state_dict(loaded["optimizer"])
+        write_dump(a, rank, gpt, opt, ps)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def compare(got_path, want_path):
+    """Asserts two dumps hold the same ranks, params, states and steps, and
+    that `want` holds trained states (its bf16 model weights are its fp32
+    main params rounded; not the dummy values a load starts from)."""
+    import torch
+    got = torch.load(got_path, weights_only=False)
+    want = torch.load(want_path, weights_only=False)
+    assert len(got) == len(want), (len(got), len(want))
+    n, names = 0, set()
+    for g, w in zip(got, want):
+        assert (g["tp_rank"], g["dp_rank"]) == (w["tp_rank"], w["dp_rank"])
+        assert g["steps"] == w["steps"], (g["steps"], w["steps"])
+        assert w["steps"] == [2.0], w["steps"]
+        assert sorted(g["states"]) == sorted(w["states"])
+        for name, ws in w["states"].items():
+            names.add(name)
+            for s in ("param", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(g["states"][name][s], ws[s]), (name, s)
+                n += 1
+            assert torch.equal(ws["param"].bfloat16(), ws["model"]), name
+            assert ws["exp_avg_sq"].abs().sum() > 0, name
+    print(f"same: {n} state shards of {len(names)} params on {len(want)} ranks")
+    return n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["save", "load", "compare"])
+    ap.add_argument("dir", help="OUT (save), CKPT (load) or GOT (compare)")
+    ap.add_argument("want", nargs="?", help="WANT (compare)")
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--form", default="fully_reshardable")
+    ap.add_argument("--buckets", type=int, default=1, help="1, or more (any other value)")
+    ap.add_argument("--dump")
+    a = ap.parse_args(argv)
+    if a.mode == "load" and not a.dump:
+        ap.error("load needs --dump")
+    if a.mode == "compare":
+        if not a.want:
+            ap.error("compare needs GOT and WANT")
+        compare(a.dir, a.want)
+        return
+    import torch
+    import torch.multiprocessing as mp
+    t0 = time.time()
+    mp.spawn(worker, args=(a.world, _free_port(), a), nprocs=a.world, join=True)
+    if a.dump:
+        ranks = [torch.load(f"{a.dump}.rank{r}", weights_only=False)
+                 for r in range(a.world)]
+        torch.save(ranks, a.dump)
+        for r in range(a.world):
+            os.remove(f"{a.dump}.rank{r}")
+    print(f"{a.mode} done in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
