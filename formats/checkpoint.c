@@ -49,6 +49,40 @@ const char *const rs_megatron_allow[] = {
 	NULL,
 };
 
+/* GLOBALs the view writes back from the source (args and the scalars
+ * beside it): what real args hold, narrower than what the reader parses.
+ * The source's pickle may name any torch.* function; a view must not pass
+ * one on to a loader that unpickles with weights_only=False. */
+const char *const rs_megatron_copy_allow[] = {
+	"argparse.Namespace", "types.SimpleNamespace", "pathlib.PosixPath",
+	"_codecs.encode", "builtins.set", "builtins.frozenset",
+	"collections.OrderedDict",
+	"torch.bool", "torch.uint8", "torch.int8", "torch.int16",
+	"torch.int32", "torch.int64", "torch.float16", "torch.bfloat16",
+	"torch.float32", "torch.float64", "torch.float8_e4m3fn",
+	"torch.float8_e5m2",
+	"megatron.core.enums.*", "megatron.core.transformer.enums.*",
+	"megatron.legacy.model.enums.*", "megatron.model.enums.*",
+	NULL,
+};
+
+/* Values of the enum members args hold that torch's weights_only loader
+ * can rebuild (megatron-core's safe globals), as megatron-core 0.15.3
+ * defines them: a getattr(cls, name) from Python 3.11.0-3.11.4 is written
+ * as cls(value), as later Pythons write it (docs/FORMATS.md, "torch.save"). */
+const rs_pw_member rs_megatron_members[] = {
+	{ "megatron.core.enums.ModelType", "encoder_or_decoder", 1 },
+	{ "megatron.core.enums.ModelType", "retro_encoder", 2 },
+	{ "megatron.core.enums.ModelType", "retro_decoder", 3 },
+	{ "megatron.core.transformer.enums.AttnBackend", "flash", 1 },
+	{ "megatron.core.transformer.enums.AttnBackend", "fused", 2 },
+	{ "megatron.core.transformer.enums.AttnBackend", "unfused", 3 },
+	{ "megatron.core.transformer.enums.AttnBackend", "local", 4 },
+	{ "megatron.core.transformer.enums.AttnBackend", "auto", 5 },
+	{ NULL, NULL, 0 },
+};
+
+
 int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 {
 	struct stat st;

@@ -240,6 +240,13 @@ int rs_checkpoint_read_common(rs_checkpoint *ck);
  * allowlist, and common.pt's. */
 extern const char *const rs_megatron_allow[];
 
+/* What a view may write back of such state: the GLOBALs of real args and
+ * the scalars beside them (narrower than what is read: no torch.*
+ * function reaches a loader that unpickles with weights_only=False), and
+ * the values of the enum members args hold (rs_pw_value). */
+extern const char *const rs_megatron_copy_allow[];
+extern const rs_pw_member rs_megatron_members[];
+
 /* The root form.  rs_checkpoint_enter (formats/open.c, once it found the
  * tracked iteration `iter_dir`) lists the root's entries but iteration
  * directories into ck->outer and makes the iteration the checkpoint

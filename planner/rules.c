@@ -152,6 +152,11 @@ static int infer_layer_axes(const char *base)
 	return isdigit((unsigned char)base[sizeof(layers) - 1]) ? 0 : 1;
 }
 
+int rs_rules_layer_axes(const char *key)
+{
+	return infer_layer_axes(rs_rules_base_name(key));
+}
+
 const rs_rule *rs_rules_match(const rs_rules *r, const char *key,
 			      int *layer_axes)
 {

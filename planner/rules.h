@@ -58,6 +58,9 @@ int rs_rules_load_json(rs_rules *r, const char *path, rs_diag *d);
 /* The base name of a key (a pointer into `key`). */
 const char *rs_rules_base_name(const char *key);
 
+/* The stacked layer axes inferred from `key`'s base name (no rule asked). */
+int rs_rules_layer_axes(const char *key);
+
 /* The rule for `key`, or NULL when no rule knows it.  *layer_axes receives
  * the number of stacked layer axes (from the rule or inferred). */
 const rs_rule *rs_rules_match(const rs_rules *r, const char *key,

@@ -4,7 +4,9 @@ load one back and dump what the optimizer then holds.
 
   save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--dump FILE]
       trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
-      model + optimizer as OUT/<form> for every form (torch_dist); --dump
+      model + optimizer as OUT/<form> for every form (torch_dist; a form
+      written FORM:fully_parallel is saved as Megatron-LM's default
+      --ckpt-fully-parallel-save does, into OUT/FORM_fully_parallel); --dump
       writes what the optimizer holds then, as load does.
   load CKPT --form F --tp T [--world W] --dump FILE
       builds the same model at tp T, loads model + optimizer from CKPT asking
@@ -14,6 +16,9 @@ load one back and dump what the optimizer then holds.
       (torch.save of a list of per-rank dicts).
   compare GOT WANT
       fails unless two dumps hold the same values, WANT's being trained.
+  swap-keys CKPT KEY KEY
+      swaps two keys' places in CKPT/.metadata (for a test of the
+      dp_reshardable reader's checks).
 
 Both run in .venv-mcore (torch, megatron-core) over gloo, one process per
 rank. Only device placement is patched (see _cpu_patches): the code that
@@ -193,15 +198,28 @@ def worker(rank, world, port, a):
     gpt, model, opt = build(a.tp, a.buckets)
     if a.mode == "save":
         train(model, opt, 2, dp_rank)
-        for form in a.forms.split(","):
-            d = os.path.join(a.dir, form)
+        for entry in a.forms.split(","):
+            form, _, how = entry.partition(":")
+            d = os.path.join(a.dir, form + ("_" + how if how else ""))
             if rank == 0:
                 os.makedirs(d, exist_ok=True)
             dist.barrier()
             msd = gpt.sharded_state_dict()
             osd = opt.sharded_state_dict(
                 msd, metadata={"distrib_optim_sharding_type": form})
-            dist_checkpointing.save({"model": msd, "optimizer": osd}, d)
+            strategy = None
+            if how == "fully_parallel":
+                # Megatron-LM's --ckpt-fully-parallel-save (its default):
+                # each DP rank writes a share of the replicated tensors.
+                from megatron.core.dist_checkpointing.strategies.fully_parallel import \
+                    FullyParallelSaveStrategyWrapper
+                from megatron.core.dist_checkpointing.strategies.torch import \
+                    TorchDistSaveShardedStrategy
+                strategy = FullyParallelSaveStrategyWrapper(
+                    TorchDistSaveShardedStrategy("torch_dist", 1),
+                    ps.get_data_parallel_group(with_context_parallel=True))
+            dist_checkpointing.save({"model": msd, "optimizer": osd}, d,
+                                    sharded_strategy=strategy)
             dist.barrier()
         if a.dump:
             write_dump(a, rank, gpt, opt, ps)
@@ -245,11 +263,27 @@ def compare(got_path, want_path):
     return n
 
 
+def swap_keys(ckpt, a, b):
+    """Swaps the places of keys a and b in CKPT/.metadata (the module order
+    a dp_reshardable reader recomputes its layout from)."""
+    import pickle
+    _cpu_workarounds()
+    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401 (its Metadata class)
+    path = os.path.join(ckpt, ".metadata")
+    with open(path, "rb") as f:
+        md = pickle.load(f)
+    old = md.state_dict_metadata
+    keys = [b if k == a else a if k == b else k for k in old]
+    md.state_dict_metadata = {k: old[k] for k in keys}
+    with open(path, "wb") as f:
+        pickle.dump(md, f)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["save", "load", "compare"])
-    ap.add_argument("dir", help="OUT (save), CKPT (load) or GOT (compare)")
-    ap.add_argument("want", nargs="?", help="WANT (compare)")
+    ap.add_argument("mode", choices=["save", "load", "compare", "swap-keys"])
+    ap.add_argument("dir", help="OUT (save), CKPT (load, swap-keys) or GOT (compare)")
+    ap.add_argument("more", nargs="*", help="WANT (compare), KEY KEY (swap-keys)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--forms", default=",".join(FORMS))
@@ -260,9 +294,14 @@ def main(argv=None):
     if a.mode == "load" and not a.dump:
         ap.error("load needs --dump")
     if a.mode == "compare":
-        if not a.want:
+        if len(a.more) != 1:
             ap.error("compare needs GOT and WANT")
-        compare(a.dir, a.want)
+        compare(a.dir, a.more[0])
+        return
+    if a.mode == "swap-keys":
+        if len(a.more) != 2:
+            ap.error("swap-keys needs CKPT KEY KEY")
+        swap_keys(a.dir, *a.more)
         return
     import torch
     import torch.multiprocessing as mp

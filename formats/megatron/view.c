@@ -18,39 +18,6 @@
 
 #include "planner/array.h"
 
-/* GLOBALs the view writes back from the source (args and the scalars
- * beside it): what real args hold, narrower than what the reader parses.
- * The source's pickle may name any torch.* function; a view must not pass
- * one on to a loader that unpickles with weights_only=False. */
-static const char *const copy_allow[] = {
-	"argparse.Namespace", "types.SimpleNamespace", "pathlib.PosixPath",
-	"_codecs.encode", "builtins.set", "builtins.frozenset",
-	"collections.OrderedDict",
-	"torch.bool", "torch.uint8", "torch.int8", "torch.int16",
-	"torch.int32", "torch.int64", "torch.float16", "torch.bfloat16",
-	"torch.float32", "torch.float64", "torch.float8_e4m3fn",
-	"torch.float8_e5m2",
-	"megatron.core.enums.*", "megatron.core.transformer.enums.*",
-	"megatron.legacy.model.enums.*", "megatron.model.enums.*",
-	NULL,
-};
-
-/* Values of the enum members args hold that torch's weights_only loader
- * can rebuild (megatron-core's safe globals), as megatron-core 0.15.3
- * defines them: a getattr(cls, name) from Python 3.11.0-3.11.4 is written
- * as cls(value), as later Pythons write it (docs/FORMATS.md, "torch.save"). */
-static const rs_pw_member members[] = {
-	{ "megatron.core.enums.ModelType", "encoder_or_decoder", 1 },
-	{ "megatron.core.enums.ModelType", "retro_encoder", 2 },
-	{ "megatron.core.enums.ModelType", "retro_decoder", 3 },
-	{ "megatron.core.transformer.enums.AttnBackend", "flash", 1 },
-	{ "megatron.core.transformer.enums.AttnBackend", "fused", 2 },
-	{ "megatron.core.transformer.enums.AttnBackend", "unfused", 3 },
-	{ "megatron.core.transformer.enums.AttnBackend", "local", 4 },
-	{ "megatron.core.transformer.enums.AttnBackend", "auto", 5 },
-	{ NULL, NULL, 0 },
-};
-
 /* One tensor of a rank file. */
 typedef struct {
 	size_t tensor;          /* catalog index */
@@ -293,10 +260,10 @@ static int pw_args(builder *b, rs_pwriter *w)
 	char why[200];
 	int err;
 
-	err = rs_pw_value(w, rs_pv_func(args), copy_allow, members, why,
+	err = rs_pw_value(w, rs_pv_func(args), rs_megatron_copy_allow, rs_megatron_members, why,
 			  sizeof(why));
 	if (!err)
-		err = rs_pw_value(w, rs_pv_args(args), copy_allow, members,
+		err = rs_pw_value(w, rs_pv_args(args), rs_megatron_copy_allow, rs_megatron_members,
 				  why, sizeof(why));
 	if (err) {
 		rs_diag_add(b->d, "%s: args: %s", b->st->first_path, why);
@@ -311,10 +278,10 @@ static int pw_args(builder *b, rs_pwriter *w)
 		const rs_pvalue *k = rs_pv_key(state, i);
 		const char *key = rs_pv_str(k, NULL);
 
-		err = rs_pw_value(w, k, copy_allow, members, why, sizeof(why));
+		err = rs_pw_value(w, k, rs_megatron_copy_allow, rs_megatron_members, why, sizeof(why));
 		if (!err && !(key && pw_new_arg(b, w, key)))
-			err = rs_pw_value(w, rs_pv_val(state, i), copy_allow,
-					  members, why, sizeof(why));
+			err = rs_pw_value(w, rs_pv_val(state, i), rs_megatron_copy_allow,
+					  rs_megatron_members, why, sizeof(why));
 		if (err) {
 			rs_diag_add(b->d, "%s: args.%s: %s", b->st->first_path,
 				    key ? key : "?", why);
@@ -365,8 +332,8 @@ static int data_pkl(builder *b, uint8_t **out, size_t *len)
 			   strcmp(key, "iteration") == 0 ||
 			   strcmp(key, "num_floating_point_operations_so_far") == 0) {
 			rs_pw_cstr(&w, key);
-			if (rs_pw_value(&w, rs_pv_val(top, i), copy_allow,
-					members, why, sizeof(why))) {
+			if (rs_pw_value(&w, rs_pv_val(top, i), rs_megatron_copy_allow,
+					rs_megatron_members, why, sizeof(why))) {
 				rs_diag_add(b->d, "%s: %s: %s", b->st->first_path,
 					    key, why);
 				err = -EINVAL;

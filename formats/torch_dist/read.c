@@ -547,6 +547,8 @@ int rs_torch_dist_read_metadata(rs_checkpoint *ck, const uint8_t *buf,
 			err = read_tensor(&r, fqn, rs_pv_state(meta));
 		}
 	}
+	if (!err)
+		err = rs_torch_dist_read_distopt(ck, r.meta_path, d);
 out:
 	free(r.items);
 	rs_pickle_free(pk);

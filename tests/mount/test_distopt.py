@@ -21,9 +21,18 @@ def distopt(tmp_path_factory):
     """The saves of one run in each form, what the optimizer held when it
     saved, and a cache of megatron-core's own loads."""
     base = tmp_path_factory.mktemp("distopt")
-    run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4,
-           "--forms", "fully_reshardable,dp_reshardable",
+    run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4, "--forms",
+           "fully_reshardable,dp_reshardable,dp_reshardable:fully_parallel",
            "--dump", base / "saved.pt")
+    return base
+
+
+@pytest.fixture(scope="module")
+def buckets3(tmp_path_factory):
+    """The same run with three buckets per buffer (overlap_grad_reduce)."""
+    base = tmp_path_factory.mktemp("distopt3")
+    run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4, "--buckets", 3,
+           "--forms", "dp_reshardable", "--dump", base / "saved.pt")
     return base
 
 
@@ -52,9 +61,34 @@ def test_oracle_loads_what_was_saved(distopt):
     assert_same_states(direct(distopt, 2), distopt / "saved.pt")
 
 
-@pytest.mark.parametrize("form", ["fully_reshardable", "dp_reshardable"])
+# dp_reshardable_fully_parallel: Megatron-LM's default save, whose
+# .metadata lists keys out of module order (ranks write shares).
+@pytest.mark.parametrize("form", ["fully_reshardable", "dp_reshardable",
+                                  "dp_reshardable_fully_parallel"])
 @pytest.mark.parametrize("tp", [1, 4])
 def test_view_resumes_at_new_tp(distopt, mount, tmp_path, form, tp):
     m = mount(distopt / form, [f"tp={tp}"])
     got = load(m.mnt, tp, tmp_path / "view.pt")
     assert_same_states(got, direct(distopt, tp))
+
+
+def test_three_buckets(distopt, buckets3, mount, tmp_path):
+    """Params spread over three buckets (each padded at its end) are found
+    too. Bucketing does not change the training (each grad is reduced over
+    the same two ranks), so the one-bucket run's fully_reshardable save is
+    the oracle."""
+    m = mount(buckets3 / "dp_reshardable", ["tp=1"])
+    assert_same_states(load(m.mnt, 1, tmp_path / "view.pt"), direct(distopt, 1))
+
+
+def test_keys_out_of_order_are_placed_by_value(distopt, mount, tmp_path):
+    """Two params of one size swapped in .metadata (sizes alone cannot tell
+    them apart): the main params' values put each in its place."""
+    import shutil
+    src = tmp_path / "swapped"
+    shutil.copytree(distopt / "dp_reshardable", src)
+    run_py(SCRIPT, "swap-keys", src,
+           "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+           "decoder.layers.self_attention.linear_qkv.layer_norm_bias")
+    m = mount(src, ["tp=4"])
+    assert_same_states(load(m.mnt, 4, tmp_path / "view.pt"), direct(distopt, 4))

@@ -1,0 +1,1136 @@
+/* megatron-core's dp_reshardable distributed-optimizer state as model-space
+ * tensors (docs/FORMATS.md, "Distributed optimizer").
+ *
+ * A dp_reshardable save holds, per TP rank g (`dp_group_idx_<g>`), grad
+ * buffer and bucket, one 1-d tensor per optimizer state: the bucket's
+ * elements up to its unpadded size, params and the alignment gaps between
+ * them.  Where each param sits is not stored.  It is recomputed the way
+ * megatron-core's param-and-grad buffer lays a bucket out: the params in
+ * reverse module order, each starting on a multiple of 64 elements, a bucket
+ * closing where the unpadded size the checkpoint stores is reached.  The
+ * module order is the order of the model's keys in `.metadata` (megatron-core
+ * writes its sharded state dict in module order), layers stacked under
+ * `decoder.layers.` expanded layer by layer.
+ *
+ * The layout is accepted only if it accounts for every bucket element
+ * exactly and no stored chunk straddles a param's edge (megatron-core saves
+ * every param piece and every gap as a chunk of its own); else the mount is
+ * refused with what did not fit.  Each param's range then becomes
+ * fragments of `optimizer.state.<state>.<key>` (a flat range of a box is a
+ * few boxes), the shape of the model tensor.  The bucket tensors and the
+ * per-group records are dropped, and the view's common.pt says the state is
+ * fully_reshardable, with the optimizer's param groups from group 0's
+ * record: the form megatron-core loads at any layout.
+ */
+#include "formats/torch_dist/torch_dist_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/codec/pickle.h"
+#include "formats/codec/torch_object.h"
+#include "formats/codec/torchzip.h"
+#include "formats/checkpoint.h"
+#include "gpu/cast_bits.h"          /* bit-exact rounding, no device code */
+#include "planner/array.h"
+#include "planner/rules.h"
+
+#define PREFIX "optimizer.distributed.dp_group_idx_"
+#define MAX_STATES 8
+#define MAX_GBUFS 8
+#define PARAM_ALIGN 64          /* elements; param_and_grad_buffer.py */
+#define OBJECT_PKL_MAX (64u << 20)
+
+/* One bucket tensor, by its parsed name. */
+typedef struct {
+	unsigned group, gbuf, bucket, state;
+	size_t tensor;
+} bucket_ref;
+
+/* A model param of one layer, in module order, and where it sits. */
+typedef struct {
+	size_t tensor;
+	uint64_t layer;         /* with a layer axis; else 0 */
+	uint64_t numel;         /* of one TP rank's shard */
+	unsigned gbuf, bucket;
+	uint64_t start, end;    /* in the bucket */
+} param_slot;
+
+/* What a model tensor's grid says of its TP shards. */
+typedef struct {
+	int layer_axes;         /* 0 or 1 */
+	int axis;               /* TP axis, -1 when replicated */
+	uint64_t multiplier;    /* chunks per rank along it */
+} tp_split;
+
+typedef struct {
+	rs_checkpoint *ck;
+	rs_diag *d;
+	const char *meta_path;
+	unsigned groups, gbufs, states;
+	char state_names[MAX_STATES][64];
+	rs_dtype gbuf_dtype[MAX_GBUFS];
+	unsigned nbuckets[MAX_GBUFS];
+	bucket_ref *refs;       /* sorted by (group, gbuf, bucket, state) */
+	size_t nrefs, cap_refs;
+	param_slot *slots;      /* module order */
+	size_t nslots, cap_slots;
+	tp_split *split;        /* per catalog tensor */
+	int param_state;        /* index of the "param" state */
+} distopt;
+
+static bool is_word(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!(*s == '_' || (*s >= 'a' && *s <= 'z') ||
+		      (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')))
+			return false;
+	return true;
+}
+
+/* dp_group_idx_G.gbuf_idx_B.dtype_(torch.P, torch.Q).bucket_idx_K.STATE */
+static bool parse_name(const char *name, unsigned *g, unsigned *b,
+		       unsigned *k, char *pdtype, char *state)
+{
+	char grad[32];
+	int end = -1;
+
+	if (sscanf(name, PREFIX "%u.gbuf_idx_%u.dtype_(torch.%31[a-z0-9_], torch.%31[a-z0-9_]).bucket_idx_%u.%63s%n",
+		   g, b, pdtype, grad, k, state, &end) != 6 || end < 0 ||
+	    name[end] != 0)
+		return false;
+	return is_word(state);
+}
+
+static int state_index(distopt *o, const char *state)
+{
+	for (unsigned s = 0; s < o->states; s++)
+		if (strcmp(o->state_names[s], state) == 0)
+			return (int)s;
+	if (o->states == MAX_STATES)
+		return -1;
+	snprintf(o->state_names[o->states], sizeof(o->state_names[0]), "%s",
+		 state);
+	return (int)o->states++;
+}
+
+static int cmp_ref(const void *a, const void *b)
+{
+	const bucket_ref *x = a, *y = b;
+	unsigned kx[4] = { x->group, x->gbuf, x->bucket, x->state };
+	unsigned ky[4] = { y->group, y->gbuf, y->bucket, y->state };
+
+	for (int i = 0; i < 4; i++)
+		if (kx[i] != ky[i])
+			return kx[i] < ky[i] ? -1 : 1;
+	return 0;
+}
+
+static const rs_tensor *bucket_tensor(const distopt *o, unsigned g,
+				      unsigned b, unsigned k, unsigned s)
+{
+	bucket_ref key = { g, b, k, s, 0 };
+	const bucket_ref *r = bsearch(&key, o->refs, o->nrefs, sizeof(key),
+				      cmp_ref);
+
+	return r ? &o->ck->catalog.tensors[r->tensor] : NULL;
+}
+
+/* Finds the bucket tensors (none: o->nrefs 0) and checks that every group
+ * has every bucket of every buffer in every state, the states of a bucket
+ * of one size and the same sizes in every group. */
+static int find_buckets(distopt *o)
+{
+	const rs_catalog *c = &o->ck->catalog;
+	char pdtype[32], state[64];
+	unsigned g, b, k;
+	int err;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *t = &c->tensors[i];
+		rs_dtype pd;
+		int s;
+
+		if (strncmp(t->name, PREFIX, strlen(PREFIX)) != 0)
+			continue;
+		if (!parse_name(t->name, &g, &b, &k, pdtype, state) ||
+		    b >= MAX_GBUFS || t->ndim != 1 ||
+		    (pd = rs_dtype_from_torch(pdtype, false)) == RS_DTYPE_INVALID) {
+			rs_diag_add(o->d, "%s: %s: not a megatron-core dp_reshardable bucket (dp_group_idx_G.gbuf_idx_B.dtype_(param, grad).bucket_idx_K.STATE, 1-d, at most %d buffers)",
+				    o->meta_path, t->name, MAX_GBUFS);
+			return -EINVAL;
+		}
+		s = state_index(o, state);
+		if (s < 0) {
+			rs_diag_add(o->d, "%s: %s: more than %d optimizer states",
+				    o->meta_path, t->name, MAX_STATES);
+			return -EINVAL;
+		}
+		if (o->gbuf_dtype[b] != RS_DTYPE_INVALID && o->gbuf_dtype[b] != pd) {
+			rs_diag_add(o->d, "%s: %s: grad buffer %u holds params of two dtypes",
+				    o->meta_path, t->name, b);
+			return -EINVAL;
+		}
+		o->gbuf_dtype[b] = pd;
+		err = rs_array_reserve(&o->refs, &o->cap_refs, o->nrefs + 1,
+				       sizeof(*o->refs));
+		if (err)
+			return err;
+		o->refs[o->nrefs++] = (bucket_ref){ g, b, k, (unsigned)s, i };
+		if (g >= o->groups)
+			o->groups = g + 1;
+		if (b >= o->gbufs)
+			o->gbufs = b + 1;
+		if (k >= o->nbuckets[b])
+			o->nbuckets[b] = k + 1;
+	}
+	if (!o->nrefs)
+		return 0;
+	qsort(o->refs, o->nrefs, sizeof(*o->refs), cmp_ref);
+	for (size_t i = 1; i < o->nrefs; i++)
+		if (cmp_ref(&o->refs[i - 1], &o->refs[i]) == 0) {
+			rs_diag_add(o->d, "%s: %s: given twice", o->meta_path,
+				    c->tensors[o->refs[i].tensor].name);
+			return -EINVAL;
+		}
+	for (b = 0; b < o->gbufs; b++)
+		for (k = 0; k < o->nbuckets[b]; k++)
+			for (g = 0; g < o->groups; g++)
+				for (unsigned s = 0; s < o->states; s++) {
+					const rs_tensor *t = bucket_tensor(o, g, b, k, s);
+					const rs_tensor *t0 = bucket_tensor(o, 0, b, k, 0);
+
+					if (!t || !t0) {
+						rs_diag_add(o->d, "%s: dp_reshardable state %s of bucket %u of grad buffer %u of group %u is missing",
+							    o->meta_path, o->state_names[s], k, b, g);
+						return -EINVAL;
+					}
+					if (t->shape[0] != t0->shape[0]) {
+						rs_diag_add(o->d, "%s: %s: %llu elements, but %s has %llu",
+							    o->meta_path, t->name,
+							    (unsigned long long)t->shape[0], t0->name,
+							    (unsigned long long)t0->shape[0]);
+						return -EINVAL;
+					}
+				}
+	return 0;
+}
+
+static bool is_model_tensor(const rs_tensor *t)
+{
+	return strncmp(t->name, "optimizer.", 10) != 0;
+}
+
+/* The TP split of model tensor t from its grid: the one non-layer axis cut
+ * into several chunks, a multiple of the group count. */
+static int split_of(distopt *o, const rs_tensor *t, tp_split *sp)
+{
+	int la = rs_rules_layer_axes(t->name);
+
+	sp->layer_axes = la;
+	sp->axis = -1;
+	sp->multiplier = 1;
+	if (la > 1 || la > t->ndim || !t->regular) {
+		rs_diag_add(o->d, "%s: %s: %s; dp_reshardable optimizer state is read only for models whose tensors are stored on a regular grid with at most one layer axis",
+			    o->meta_path, t->name,
+			    !t->regular ? "stored off a regular grid"
+					: "more than one layer axis");
+		return -EINVAL;
+	}
+	for (int i = la; i < t->ndim; i++) {
+		if (t->grid_count[i] <= 1)
+			continue;
+		if (sp->axis >= 0 || t->grid_count[i] % o->groups != 0) {
+			rs_diag_add(o->d, "%s: %s: its grid (axis %d in %llu chunks) is not a TP split over the %u dp_reshardable groups",
+				    o->meta_path, t->name, i,
+				    (unsigned long long)t->grid_count[i], o->groups);
+			return -EINVAL;
+		}
+		sp->axis = i;
+		sp->multiplier = t->grid_count[i] / o->groups;
+	}
+	if (la && t->grid[0] != 1) {
+		rs_diag_add(o->d, "%s: %s: its layers are not stored one by one",
+			    o->meta_path, t->name);
+		return -EINVAL;
+	}
+	if (sp->multiplier > 1 && sp->axis != la) {
+		rs_diag_add(o->d, "%s: %s: %llu chunks per TP rank along axis %d; only the first axis may hold several",
+			    o->meta_path, t->name,
+			    (unsigned long long)sp->multiplier, sp->axis);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int add_slot(distopt *o, size_t tensor, uint64_t layer)
+{
+	const rs_tensor *t = &o->ck->catalog.tensors[tensor];
+	const tp_split *sp = &o->split[tensor];
+	uint64_t numel = 1;
+	int err;
+
+	for (int i = sp->layer_axes; i < t->ndim; i++)
+		numel *= t->shape[i];   /* a checked tensor: no overflow */
+	if (sp->axis >= 0)
+		numel /= o->groups;
+	if (!numel)
+		return 0;
+	err = rs_array_reserve(&o->slots, &o->cap_slots, o->nslots + 1,
+			       sizeof(*o->slots));
+	if (err)
+		return err;
+	o->slots[o->nslots++] = (param_slot){ .tensor = tensor, .layer = layer,
+					      .numel = numel };
+	return 0;
+}
+
+/* The model's params in the order megatron-core's sharded state dict
+ * lists them, as far as .metadata keeps it: the keys before the first
+ * stacked layer key, then every stacked key layer by layer, then the
+ * rest.  A save that spreads its writes over ranks (Megatron-LM's
+ * --ckpt-fully-parallel-save) reorders keys; place() repairs that. */
+static int module_order(distopt *o)
+{
+	const rs_catalog *c = &o->ck->catalog;
+	size_t first = SIZE_MAX;
+	uint64_t layers = 0;
+	int err;
+
+	o->split = calloc(c->count ? c->count : 1, sizeof(*o->split));
+	if (!o->split)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *t = &c->tensors[i];
+
+		if (!is_model_tensor(t))
+			continue;
+		if (strstr(t->name, ".experts.")) {
+			rs_diag_add(o->d, "%s: %s: expert params have buffers of their own; dp_reshardable state of MoE models is not read",
+				    o->meta_path, t->name);
+			return -EINVAL;
+		}
+		err = split_of(o, t, &o->split[i]);
+		if (err)
+			return err;
+		if (!o->split[i].layer_axes)
+			continue;
+		if (first == SIZE_MAX) {
+			first = i;
+			layers = t->shape[0];
+		} else if (t->shape[0] != layers) {
+			rs_diag_add(o->d, "%s: %s: %llu layers, but %s has %llu",
+				    o->meta_path, t->name,
+				    (unsigned long long)t->shape[0],
+				    c->tensors[first].name,
+				    (unsigned long long)layers);
+			return -EINVAL;
+		}
+	}
+	for (size_t i = 0; i < c->count; i++) {
+		if (!is_model_tensor(&c->tensors[i]))
+			continue;
+		if (i == first)
+			for (uint64_t l = 0; l < layers; l++)
+				for (size_t j = first; j < c->count; j++)
+					if (is_model_tensor(&c->tensors[j]) &&
+					    o->split[j].layer_axes &&
+					    (err = add_slot(o, j, l)) != 0)
+						return err;
+		if (o->split[i].layer_axes)
+			continue;
+		err = add_slot(o, i, 0);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static uint64_t align_up(uint64_t x)
+{
+	return (x + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+}
+
+/* Byte offset of global element `at` in its fragment of tensor t. */
+static bool element_offset(const rs_tensor *t, const uint64_t *at,
+			   uint32_t *source, uint64_t *offset)
+{
+	for (size_t f = 0; f < t->nfrags; f++) {
+		const rs_fragment *fr = &t->frags[f];
+		uint64_t e = 0;
+		int i;
+
+		for (i = 0; i < t->ndim; i++)
+			if (at[i] < fr->box.off[i] ||
+			    at[i] - fr->box.off[i] >= fr->box.len[i])
+				break;
+		if (i < t->ndim)
+			continue;
+		for (i = 0; i < t->ndim; i++)
+			e += (at[i] - fr->box.off[i]) * fr->stride[i];
+		*source = fr->source;
+		*offset = fr->offset + e * rs_dtype_size(t->dtype);
+		return true;
+	}
+	return false;
+}
+
+static int read_element(distopt *o, const rs_tensor *t, const uint64_t *at,
+			uint8_t *out)
+{
+	uint32_t src;
+	uint64_t off;
+
+	if (!element_offset(t, at, &src, &off))
+		return -ENODATA;
+	return rs_sources_pread(o->ck->sources, src, out, rs_dtype_size(t->dtype),
+				off);
+}
+
+/* Elements of a slot compared: its first few and its last. */
+#define CHECK_HEAD 8
+
+/* Whether slot p's fp32 main params on TP rank g, where p is placed,
+ * round to its stored weights: megatron-core copies them into the model
+ * after every step, so a param put in another's place shows.  1 or 0; a
+ * negative errno (reported) when an element cannot be read. */
+static int slot_matches(distopt *o, const param_slot *p, unsigned g)
+{
+	const rs_tensor *t = &o->ck->catalog.tensors[p->tensor];
+	const tp_split *sp = &o->split[p->tensor];
+	const rs_tensor *bt = bucket_tensor(o, g, p->gbuf, p->bucket,
+					    (unsigned)o->param_state);
+	uint64_t len[RS_MAX_DIMS], sub = 1;
+
+	if (bt->dtype != RS_DTYPE_F32)
+		return 1;
+	for (int i = 0; i < t->ndim; i++)
+		len[i] = t->shape[i];
+	if (sp->layer_axes)
+		len[0] = 1;
+	if (sp->axis >= 0)
+		len[sp->axis] = t->grid[sp->axis];
+	for (int i = 0; i < t->ndim; i++)
+		sub *= len[i];
+	for (uint64_t q = 0; q <= CHECK_HEAD; q++) {
+		uint64_t u = q < CHECK_HEAD ? q : p->numel - 1;
+		uint64_t v = u % sub, x = p->start + u, at[RS_MAX_DIMS];
+		uint8_t main_bytes[4], model[8] = { 0 }, want[8] = { 0 };
+		uint32_t bits;
+		int err;
+
+		if (u >= p->numel)
+			continue;
+		for (int i = t->ndim; i-- > 0;) {
+			at[i] = v % len[i];
+			v /= len[i];
+		}
+		if (sp->layer_axes)
+			at[0] = p->layer;
+		if (sp->axis >= 0)
+			at[sp->axis] += (u / sub * o->groups + g) * len[sp->axis];
+		err = read_element(o, bt, &x, main_bytes);
+		if (!err)
+			err = read_element(o, t, at, model);
+		if (err == -ENODATA)
+			return 0;       /* past the bucket's stored part */
+		if (err) {
+			rs_diag_add(o->d, "%s: %s: cannot read an element to check the dp_reshardable layout: %s",
+				    o->meta_path, t->name, strerror(-err));
+			return -EINVAL;
+		}
+		memcpy(&bits, main_bytes, 4);
+		rs_store_f32_bits(t->dtype, want, bits);
+		if (memcmp(want, model, rs_dtype_size(t->dtype)) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+/* Every placed slot on every other rank too. */
+static int check_values(distopt *o)
+{
+	for (size_t n = 0; n < o->nslots; n++)
+		for (unsigned g = 1; g < o->groups; g++) {
+			const param_slot *p = &o->slots[n];
+			int m = slot_matches(o, p, g);
+
+			if (m < 0)
+				return m;
+			if (!m) {
+				rs_diag_add(o->d, "%s: %s (layer %llu, TP rank %u): its fp32 main params at element %llu of bucket %u do not round to its stored weights; the recomputed bucket layout does not match the checkpoint",
+					    o->meta_path,
+					    o->ck->catalog.tensors[p->tensor].name,
+					    (unsigned long long)p->layer, g,
+					    (unsigned long long)p->start, p->bucket);
+				return -EINVAL;
+			}
+		}
+	return 0;
+}
+
+/* Lays the params of each buffer out in its buckets, in reverse module
+ * order: each starts on a multiple of PARAM_ALIGN elements, and a bucket
+ * closes where its stored size is reached.  At each place the param the
+ * key order gives is tried first; if its main params do not round to its
+ * weights there (slot_matches), every other param left of that layer (or
+ * outside the layers) is tried, and exactly one must fit. */
+static int place(distopt *o)
+{
+	size_t *order = malloc((o->nslots ? o->nslots : 1) * sizeof(*order));
+	int err = 0;
+
+	if (!order)
+		return -ENOMEM;
+	for (unsigned b = 0; b < o->gbufs && !err; b++) {
+		size_t n = 0;
+		unsigned k = 0;
+		uint64_t pos = 0;
+
+		for (size_t i = o->nslots; i-- > 0;)
+			if (o->ck->catalog.tensors[o->slots[i].tensor].dtype ==
+			    o->gbuf_dtype[b])
+				order[n++] = i;
+		for (size_t at = 0; at < n && !err; at++) {
+			const param_slot *want = &o->slots[order[at]];
+			size_t pick = SIZE_MAX;
+			const rs_tensor *bt;
+			uint64_t start;
+
+			if (k >= o->nbuckets[b]) {
+				rs_diag_add(o->d, "%s: %s: grad buffer %u's %u buckets are full before this param; the recomputed bucket layout does not match the checkpoint",
+					    o->meta_path,
+					    o->ck->catalog.tensors[want->tensor].name,
+					    b, o->nbuckets[b]);
+				err = -EINVAL;
+				break;
+			}
+			bt = bucket_tensor(o, 0, b, k, 0);
+			start = pos ? align_up(pos) : 0;
+			for (size_t c = at; c < n && !err; c++) {
+				param_slot *p = &o->slots[order[c]];
+				int m;
+
+				if (c != at && o->split[p->tensor].layer_axes &&
+				    (!o->split[want->tensor].layer_axes ||
+				     p->layer != want->layer))
+					continue;
+				if (start + p->numel > bt->shape[0])
+					continue;
+				p->gbuf = b;
+				p->bucket = k;
+				p->start = start;
+				p->end = start + p->numel;
+				m = slot_matches(o, p, 0);
+				if (m < 0)
+					err = m;
+				else if (m && c == at) {
+					pick = c;
+					break;
+				} else if (m && pick != SIZE_MAX) {
+					rs_diag_add(o->d, "%s: %s and %s both fit at element %llu of %s; the bucket layout is ambiguous",
+						    o->meta_path,
+						    o->ck->catalog.tensors[o->slots[order[pick]].tensor].name,
+						    o->ck->catalog.tensors[p->tensor].name,
+						    (unsigned long long)start, bt->name);
+					err = -EINVAL;
+				} else if (m) {
+					pick = c;
+				}
+			}
+			if (err)
+				break;
+			if (pick == SIZE_MAX) {
+				rs_diag_add(o->d, "%s: no param fits at element %llu of %s (the key order gives %s, layer %llu): its fp32 main params match no stored weights there; the recomputed bucket layout does not match the checkpoint",
+					    o->meta_path, (unsigned long long)start,
+					    bt->name,
+					    o->ck->catalog.tensors[want->tensor].name,
+					    (unsigned long long)want->layer);
+				err = -EINVAL;
+				break;
+			}
+			/* the pick takes this place; the others keep their order */
+			{
+				size_t chosen = order[pick];
+
+				memmove(&order[at + 1], &order[at],
+					(pick - at) * sizeof(*order));
+				order[at] = chosen;
+			}
+			{
+				param_slot *p = &o->slots[order[at]];
+
+				p->gbuf = b;
+				p->bucket = k;
+				p->start = start;
+				p->end = start + p->numel;
+				pos = p->end;
+			}
+			if (pos == bt->shape[0]) {
+				k++;
+				pos = 0;
+			}
+		}
+		if (!err && (k != o->nbuckets[b] || pos != 0)) {
+			rs_diag_add(o->d, "%s: grad buffer %u: its params fill %u of its %u buckets%s; the recomputed bucket layout does not match the checkpoint",
+				    o->meta_path, b, k, o->nbuckets[b],
+				    pos ? " and part of the next" : "");
+			err = -EINVAL;
+		}
+	}
+	free(order);
+	return err;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* megatron-core saves each param piece and each gap between params as a
+ * chunk of its own: a chunk across a param's edge means the layout is not
+ * the one it saved. */
+static int check_chunks(distopt *o)
+{
+	uint64_t *edges = NULL;
+	size_t cap = 0;
+	int err = 0;
+
+	for (unsigned b = 0; b < o->gbufs && !err; b++)
+		for (unsigned k = 0; k < o->nbuckets[b] && !err; k++) {
+			size_t n = 0;
+
+			for (size_t i = 0; i < o->nslots && !err; i++) {
+				const param_slot *p = &o->slots[i];
+
+				if (p->gbuf != b || p->bucket != k ||
+				    o->ck->catalog.tensors[p->tensor].dtype != o->gbuf_dtype[b])
+					continue;
+				err = rs_array_reserve(&edges, &cap, n + 2,
+						       sizeof(*edges));
+				if (!err) {
+					edges[n++] = p->start;
+					edges[n++] = p->end;
+				}
+			}
+			if (err)
+				break;
+			qsort(edges, n, sizeof(*edges), cmp_u64);
+			for (unsigned g = 0; g < o->groups && !err; g++)
+				for (unsigned s = 0; s < o->states && !err; s++) {
+					const rs_tensor *t = bucket_tensor(o, g, b, k, s);
+
+					for (size_t f = 0; f < t->nfrags; f++) {
+						uint64_t a = t->frags[f].box.off[0];
+						uint64_t e = a + t->frags[f].box.len[0];
+						size_t lo = 0, hi = n;
+
+						/* first edge > a */
+						while (lo < hi) {
+							size_t mid = (lo + hi) / 2;
+
+							if (edges[mid] <= a)
+								lo = mid + 1;
+							else
+								hi = mid;
+						}
+						if (lo < n && edges[lo] < e) {
+							rs_diag_add(o->d, "%s: %s: chunk [%llu, %llu) crosses a param's edge at %llu; the recomputed bucket layout does not match the checkpoint",
+								    o->meta_path, t->name,
+								    (unsigned long long)a,
+								    (unsigned long long)e,
+								    (unsigned long long)edges[lo]);
+							err = -EINVAL;
+							break;
+						}
+					}
+				}
+		}
+	free(edges);
+	return err;
+}
+
+/* Growing fragments of one output tensor. */
+typedef struct {
+	rs_fragment *v;
+	size_t n, cap;
+} frag_list;
+
+/* The piece of a local shard at flat [a, b) (C order over `len`, element
+ * strides `stride`, global origin `base`) as boxes; `first` is the
+ * fragment for local element 0 (its offset; the box is filled here).
+ * Recursion depth is at most the rank. */
+static int emit_range(frag_list *fl, const rs_fragment *first, unsigned esize,
+		      int ndim, const uint64_t *base, const uint64_t *len,
+		      const uint64_t *stride, int axis, uint64_t lead,
+		      uint64_t a, uint64_t b, uint64_t *pos)
+{
+	uint64_t inner = 1;
+	int err;
+
+	if (a >= b)
+		return 0;
+	for (int i = axis + 1; i < ndim; i++)
+		inner *= len[i];
+	/* pos[0..axis) are fixed; lead is the flat index of their corner */
+	if (a % inner == 0 && b % inner == 0) {
+		rs_fragment *f;
+
+		err = rs_array_reserve(&fl->v, &fl->cap, fl->n + 1, sizeof(*f));
+		if (err)
+			return err;
+		f = &fl->v[fl->n++];
+		*f = *first;
+		f->box.ndim = ndim;
+		for (int i = 0; i < ndim; i++) {
+			f->box.off[i] = base[i] + (i < axis ? pos[i] : 0);
+			f->box.len[i] = i < axis ? 1 : len[i];
+			f->stride[i] = stride[i] * first->stride[0];
+		}
+		f->box.off[axis] = base[axis] + a / inner;
+		f->box.len[axis] = (b - a) / inner;
+		f->offset = first->offset +
+			    (lead + a) * first->stride[0] * esize;
+		return 0;
+	}
+	if (a / inner == (b - 1) / inner) {
+		uint64_t row = a / inner;
+
+		pos[axis] = row;
+		return emit_range(fl, first, esize, ndim, base, len, stride,
+				  axis + 1, lead + row * inner, a - row * inner,
+				  b - row * inner, pos);
+	}
+	if (a % inner) {
+		uint64_t cut = (a / inner + 1) * inner;
+
+		err = emit_range(fl, first, esize, ndim, base, len, stride,
+				 axis, lead, a, cut, pos);
+		if (err)
+			return err;
+		a = cut;
+	}
+	if (b / inner * inner > a) {
+		err = emit_range(fl, first, esize, ndim, base, len, stride,
+				 axis, lead, a, b / inner * inner, pos);
+		if (err)
+			return err;
+		a = b / inner * inner;
+	}
+	return emit_range(fl, first, esize, ndim, base, len, stride, axis,
+			  lead, a, b, pos);
+}
+
+/* The fragments of param slot p's state s on TP rank g: its bucket range
+ * through the bucket tensor's chunks, cut where the rank's sub-chunks
+ * along the TP axis meet, each piece as boxes. */
+static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
+			  unsigned s, frag_list *fl)
+{
+	const rs_tensor *t = &o->ck->catalog.tensors[p->tensor];
+	const tp_split *sp = &o->split[p->tensor];
+	const rs_tensor *bt = bucket_tensor(o, g, p->gbuf, p->bucket, s);
+	unsigned esize = rs_dtype_size(bt->dtype);
+	uint64_t len[RS_MAX_DIMS], stride[RS_MAX_DIMS], sub = 1;
+	int err;
+
+	for (int i = 0; i < t->ndim; i++)
+		len[i] = t->shape[i];
+	if (sp->layer_axes)
+		len[0] = 1;
+	if (sp->axis >= 0)
+		len[sp->axis] = t->grid[sp->axis];
+	for (int i = 0; i < t->ndim; i++)
+		sub *= len[i];
+	rs_c_strides(len, t->ndim, stride);
+	for (size_t f = 0; f < bt->nfrags; f++) {
+		const rs_fragment *bf = &bt->frags[f];
+		uint64_t a = bf->box.off[0], e = a + bf->box.len[0];
+
+		if (e <= p->start || a >= p->end)
+			continue;
+		if (a < p->start)
+			a = p->start;
+		if (e > p->end)
+			e = p->end;
+		/* local flat [a - start, e - start), in sub-chunks of `sub` */
+		for (uint64_t u = a - p->start; u < e - p->start;) {
+			uint64_t j = u / sub, stop = (j + 1) * sub;
+			uint64_t base[RS_MAX_DIMS] = { 0 }, pos[RS_MAX_DIMS] = { 0 };
+			rs_fragment first = *bf;
+
+			if (stop > e - p->start)
+				stop = e - p->start;
+			if (sp->layer_axes)
+				base[0] = p->layer;
+			if (sp->axis >= 0)
+				base[sp->axis] = (j * o->groups + g) * len[sp->axis];
+			/* the fragment for sub-chunk j's element 0 (maybe
+			 * outside this bucket chunk: only its offset is used,
+			 * and only with indices inside it) */
+			first.offset = bf->offset -
+				       (bf->box.off[0] - p->start - j * sub) *
+					       bf->stride[0] * esize;
+			err = emit_range(fl, &first, esize, t->ndim, base, len,
+					 stride, 0, 0, u - j * sub,
+					 stop - j * sub, pos);
+			if (err)
+				return err;
+			u = stop;
+		}
+	}
+	return 0;
+}
+
+/* optimizer.state.<state>.<key> for every model tensor and state. */
+static int build_states(distopt *o)
+{
+	rs_catalog *c = &o->ck->catalog;
+	size_t nmodel = c->count;
+	frag_list fl = { 0 };
+	char *name = NULL;
+	int err = 0;
+
+	for (unsigned s = 0; s < o->states && !err; s++)
+		for (size_t i = 0; i < nmodel && !err; i++) {
+			const rs_tensor *t = &c->tensors[i];
+			const rs_tensor *bt = bucket_tensor(o, 0, 0, 0, s);
+			unsigned groups = o->split[i].axis >= 0 ? o->groups : 1;
+			uint64_t tiled_a, tiled_b;
+			size_t index, fa = 0, fb = 0;
+			rs_tensor *out;
+
+			if (!is_model_tensor(t))
+				continue;
+			fl.n = 0;
+			for (size_t n = 0; n < o->nslots && !err; n++)
+				for (unsigned g = 0; g < groups && !err; g++)
+					if (o->slots[n].tensor == i)
+						err = slot_fragments(o, &o->slots[n], g,
+								     s, &fl);
+			if (err)
+				break;
+			free(name);
+			if (asprintf(&name, "optimizer.state.%s.%s",
+				     o->state_names[s], t->name) < 0) {
+				name = NULL;
+				err = -ENOMEM;
+				break;
+			}
+			for (size_t j = 0; j < c->count; j++)
+				if (strcmp(c->tensors[j].name, name) == 0) {
+					rs_diag_add(o->d, "%s: %s is stored and also in dp_reshardable buckets",
+						    o->meta_path, name);
+					err = -EINVAL;
+				}
+			if (err)
+				break;
+			err = rs_catalog_add_fragments(c, name, bt->dtype, t->ndim,
+						       t->shape, fl.n, &index);
+			if (err)
+				break;
+			t = &c->tensors[i];     /* the array may have moved */
+			out = &c->tensors[index];
+			memcpy(out->frags, fl.v, fl.n * sizeof(*fl.v));
+			err = rs_catalog_set_origin(c, index, o->meta_path);
+			if (err)
+				break;
+			rs_tensor_make_regular(out);
+			if (rs_tensor_check_tiling(out, &fa, &fb, &tiled_a,
+						   &tiled_b) != 0) {
+				rs_diag_add(o->d, "%s: %s: the recomputed bucket layout covers %llu of its %llu elements",
+					    o->meta_path, name,
+					    (unsigned long long)tiled_a,
+					    (unsigned long long)tiled_b);
+				err = -EINVAL;
+			}
+		}
+	free(name);
+	free(fl.v);
+	return err;
+}
+
+/* A torch.save'd [object] blob's data.pkl, parsed. */
+static int read_object(distopt *o, const rs_blob *b, rs_pickle **pk)
+{
+	char msg[RS_ZIP_MSG_SIZE];
+	const rs_zip_entry *pe;
+	rs_pickle_limits lim;
+	rs_zip z = { 0 };
+	uint8_t *buf = NULL;
+	int fd, err;
+
+	err = rs_sources_fd(o->ck->sources, b->source, &fd);
+	if (!err)
+		err = rs_zip_open(&z, fd, b->offset, b->length, msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(o->d, "%s: %s: not a torch.save zip", o->meta_path,
+			    b->fqn);
+		err = -EINVAL;
+		goto out;
+	}
+	pe = rs_zip_find(&z, "data.pkl");
+	if (!pe || pe->size > OBJECT_PKL_MAX ||
+	    !(buf = malloc(pe->size ? pe->size : 1)) ||
+	    rs_pread_full(fd, buf, pe->size, b->offset + pe->offset) != 0) {
+		rs_diag_add(o->d, "%s: %s: no readable data.pkl", o->meta_path,
+			    b->fqn);
+		err = -EINVAL;
+		goto out;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_megatron_allow;
+	err = rs_pickle_parse(buf, pe->size, &lim, pk, msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(o->d, "%s: %s: %s", o->meta_path, b->fqn, msg);
+		err = -EINVAL;
+	}
+out:
+	free(buf);
+	rs_zip_free(&z);
+	return err;
+}
+
+/* common.pt's pickle with its "optimizer" dict holding what group 0's
+ * records hold (its param groups, a grad scaler) and the fully_reshardable
+ * sharding type, everything else copied. */
+static int make_common(distopt *o)
+{
+	static const char group0[] = PREFIX "0.";
+	rs_entry *common = rs_checkpoint_top_entry(o->ck, "common.pt");
+	rs_pickle *top = NULL, *objs[16] = { 0 };
+	const char *keys[16];
+	size_t nobjs = 0, klen[16];
+	char msg[200], perr[RS_ZIP_MSG_SIZE];
+	rs_pickle_limits lim;
+	rs_pwriter w;
+	const rs_zip_entry *pe;
+	rs_zip z = { 0 };
+	uint8_t *buf = NULL, *pkl = NULL;
+	size_t plen = 0;
+	const rs_pvalue *root, *old = NULL;
+	rs_made_file *made;
+	int fd, err = 0;
+
+	if (!common || common->is_dir) {
+		rs_diag_add(o->d, "%s/common.pt: missing; a dp_reshardable checkpoint keeps the optimizer's sharding type there",
+			    o->ck->dir_path);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < o->ck->nblobs && !err; i++) {
+		const rs_blob *b = &o->ck->blobs[i];
+		const char *k = b->fqn + strlen(group0), *slash;
+
+		if (strncmp(b->fqn, group0, strlen(group0)) != 0 ||
+		    !(slash = strchr(k, '/')) ||
+		    strncmp(k, "per_bucket_numel", 16) == 0)
+			continue;
+		if (nobjs == 16 || !b->listed) {
+			rs_diag_add(o->d, "%s: %s: not a dp_reshardable optimizer record",
+				    o->meta_path, b->fqn);
+			err = -EINVAL;
+			break;
+		}
+		keys[nobjs] = k;
+		klen[nobjs] = (size_t)(slash - k);
+		err = read_object(o, b, &objs[nobjs]);
+		if (!err && (rs_pv_kind(rs_pickle_root(objs[nobjs])) != RS_PV_LIST ||
+			     rs_pv_len(rs_pickle_root(objs[nobjs])) != 1)) {
+			rs_diag_add(o->d, "%s: %s: not a one-item list",
+				    o->meta_path, b->fqn);
+			err = -EINVAL;
+		}
+		nobjs++;
+	}
+	if (err)
+		goto out;
+	err = rs_sources_fd(o->ck->sources, common->source, &fd);
+	if (!err)
+		err = rs_zip_open(&z, fd, 0,
+				  rs_sources_id(o->ck->sources, common->source)->size,
+				  perr, sizeof(perr));
+	pe = err ? NULL : rs_zip_find(&z, "data.pkl");
+	if (!pe || pe->size > OBJECT_PKL_MAX ||
+	    !(buf = malloc(pe->size ? pe->size : 1)) ||
+	    rs_pread_full(fd, buf, pe->size, pe->offset) != 0) {
+		rs_diag_add(o->d, "%s/common.pt: not a torch.save file", o->ck->dir_path);
+		err = -EINVAL;
+		goto out;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_megatron_allow;
+	lim.torch_persids = true;
+	if (rs_pickle_parse(buf, pe->size, &lim, &top, perr, sizeof(perr)) != 0) {
+		rs_diag_add(o->d, "%s/common.pt: %s", o->ck->dir_path, perr);
+		err = -EINVAL;
+		goto out;
+	}
+	root = rs_pickle_root(top);
+	if (rs_pv_kind(root) != RS_PV_DICT) {
+		rs_diag_add(o->d, "%s/common.pt: not a dict", o->ck->dir_path);
+		err = -EINVAL;
+		goto out;
+	}
+	old = rs_pv_get(root, "optimizer");
+	if (!rs_pv_str_is(rs_pv_get(old, "param_state_sharding_type"),
+			  "dp_reshardable")) {
+		rs_diag_add(o->d, "%s/common.pt: its optimizer's param_state_sharding_type is not 'dp_reshardable', but .metadata holds dp_reshardable buckets",
+			    o->ck->dir_path);
+		err = -EINVAL;
+		goto out;
+	}
+	rs_pw_init(&w, 2);
+	rs_pw_dict_begin(&w);
+	for (size_t i = 0; i < rs_pv_len(root) && !err; i++) {
+		const rs_pvalue *v = rs_pv_val(root, i);
+
+		err = rs_pw_value(&w, rs_pv_key(root, i), rs_megatron_copy_allow,
+				  rs_megatron_members, msg, sizeof(msg));
+		if (err)
+			break;
+		if (v != old) {
+			err = rs_pw_value(&w, v, rs_megatron_copy_allow,
+					  rs_megatron_members, msg, sizeof(msg));
+			continue;
+		}
+		rs_pw_dict_begin(&w);
+		for (size_t j = 0; j < rs_pv_len(old) && !err; j++) {
+			if (rs_pv_str_is(rs_pv_key(old, j), "param_state_sharding_type"))
+				continue;
+			err = rs_pw_value(&w, rs_pv_key(old, j),
+					  rs_megatron_copy_allow,
+					  rs_megatron_members, msg, sizeof(msg));
+			if (!err)
+				err = rs_pw_value(&w, rs_pv_val(old, j),
+						  rs_megatron_copy_allow,
+						  rs_megatron_members, msg,
+						  sizeof(msg));
+		}
+		for (size_t j = 0; j < nobjs && !err; j++) {
+			rs_pw_str(&w, keys[j], klen[j]);
+			err = rs_pw_value(&w, rs_pv_item(rs_pickle_root(objs[j]), 0),
+					  rs_megatron_copy_allow, rs_megatron_members,
+					  msg, sizeof(msg));
+		}
+		rs_pw_cstr(&w, "param_state_sharding_type");
+		rs_pw_cstr(&w, "fully_reshardable");
+		rs_pw_dict_end(&w);
+	}
+	rs_pw_dict_end(&w);
+	if (err) {
+		rs_pw_free(&w);
+		rs_diag_add(o->d, "%s/common.pt: cannot be rewritten for the view: %s",
+			    o->ck->dir_path, msg);
+		err = -EINVAL;
+		goto out;
+	}
+	err = rs_pw_finish(&w, &pkl, &plen);
+	if (err)
+		goto out;
+	made = realloc(o->ck->made, (o->ck->nmade + 1) * sizeof(*made));
+	if (!made) {
+		err = -ENOMEM;
+		goto out;
+	}
+	o->ck->made = made;
+	memset(&o->ck->made[o->ck->nmade], 0, sizeof(*o->ck->made));
+	o->ck->made[o->ck->nmade].name = strdup("common.pt");
+	if (!o->ck->made[o->ck->nmade].name) {
+		err = -ENOMEM;
+		goto out;
+	}
+	err = rs_torch_object_make(pkl, plen, &o->ck->made[o->ck->nmade].bytes,
+				   &o->ck->made[o->ck->nmade].len);
+	o->ck->nmade++;
+	if (!err)
+		common->hidden = true;
+out:
+	free(pkl);
+	rs_pickle_free(top);
+	for (size_t j = 0; j < nobjs; j++)
+		rs_pickle_free(objs[j]);
+	free(buf);
+	rs_zip_free(&z);
+	return err;
+}
+
+/* Drops the bucket tensors and every group's records: they hold the
+ * source's DP layout, which no view keeps. */
+static void drop_buckets(distopt *o)
+{
+	rs_catalog *c = &o->ck->catalog;
+	size_t kept = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		rs_tensor *t = &c->tensors[i];
+
+		if (strncmp(t->name, PREFIX, strlen(PREFIX)) == 0) {
+			free(t->name);
+			free(t->origin);
+			free(t->frags);
+			continue;
+		}
+		c->tensors[kept++] = *t;
+	}
+	c->count = kept;
+	kept = 0;
+	for (size_t i = 0; i < o->ck->nblobs; i++) {
+		rs_blob *b = &o->ck->blobs[i];
+
+		if (strncmp(b->fqn, PREFIX, strlen(PREFIX)) == 0) {
+			free(b->fqn);
+			free(b->made[0]);
+			free(b->made[1]);
+			continue;
+		}
+		o->ck->blobs[kept++] = *b;
+	}
+	o->ck->nblobs = kept;
+}
+
+int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
+			       rs_diag *d)
+{
+	distopt o = { .ck = ck, .d = d, .meta_path = meta_path };
+	int err;
+
+	for (int b = 0; b < MAX_GBUFS; b++)
+		o.gbuf_dtype[b] = RS_DTYPE_INVALID;
+	err = find_buckets(&o);
+	if (err || !o.nrefs)
+		goto out;
+	o.param_state = -1;
+	for (unsigned s = 0; s < o.states; s++)
+		if (strcmp(o.state_names[s], "param") == 0)
+			o.param_state = (int)s;
+	if (o.param_state < 0) {
+		rs_diag_add(d, "%s: the dp_reshardable buckets hold no 'param' state (the fp32 main params), which the bucket layout is checked by",
+			    meta_path);
+		err = -EINVAL;
+		goto out;
+	}
+	err = module_order(&o);
+	if (!err)
+		err = place(&o);
+	if (!err)
+		err = check_chunks(&o);
+	if (!err)
+		err = check_values(&o);
+	if (!err)
+		err = build_states(&o);
+	if (!err)
+		err = make_common(&o);
+	if (!err)
+		drop_buckets(&o);
+out:
+	free(o.refs);
+	free(o.slots);
+	free(o.split);
+	return err;
+}
