@@ -138,6 +138,26 @@ static int vocab_rows(const rs_tensor *t, const rs_target *tg,
 	return *rows ? 0 : -EOVERFLOW;
 }
 
+/* How many chunks along axis a a tensor off any grid stands for: those of
+ * a regular tensor of its base name and shape (an optimizer state laid
+ * out like its param, whose pieces do not follow the grid: a gated fc1's
+ * state is [W; V] like the weight), else the source TP's. */
+static uint64_t merged_chunks(const rs_catalog *c, const rs_tensor *t, int a,
+			      uint32_t src_tp)
+{
+	const char *base = rs_rules_base_name(t->name);
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *u = &c->tensors[i];
+
+		if (u->regular && u->ndim == t->ndim &&
+		    memcmp(u->shape, t->shape, sizeof(t->shape)) == 0 &&
+		    strcmp(rs_rules_base_name(u->name), base) == 0)
+			return u->grid_count[a];
+	}
+	return src_tp;
+}
+
 /* Second pass: target shape and chunks of every split tensor. */
 static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 		    rs_diag *d)
@@ -153,9 +173,11 @@ static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 		if (a < 0)
 			continue;
 		/* A tensor whose fragments lie off any grid (metaseq's FSDP
-		 * pieces, an odd torch_dist chunking) is taken as one merged
-		 * chunk: multiplier 1, whatever the source TP. */
-		frag = t->regular ? t->grid_count[a] : l->src_tp;
+		 * pieces, an odd torch_dist chunking, optimizer state from
+		 * dp_reshardable buckets) is taken as merged: as many chunks
+		 * as its param has, or multiplier 1. */
+		frag = t->regular ? t->grid_count[a]
+				  : merged_chunks(c, t, a, l->src_tp);
 		if (t->shape[a] == 0)
 			continue;
 		if (frag % l->src_tp != 0) {

@@ -2,13 +2,14 @@
 """megatron-core's DistributedOptimizer on CPU: save its checkpoint forms, and
 load one back and dump what the optimizer then holds.
 
-  save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--dump FILE]
+  save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--swiglu]
+           [--dump FILE]
       trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
       model + optimizer as OUT/<form> for every form (torch_dist; a form
       written FORM:fully_parallel is saved as Megatron-LM's default
       --ckpt-fully-parallel-save does, into OUT/FORM_fully_parallel); --dump
       writes what the optimizer holds then, as load does.
-  load CKPT --form F --tp T [--world W] --dump FILE
+  load CKPT --form F --tp T [--world W] [--swiglu] --dump FILE
       builds the same model at tp T, loads model + optimizer from CKPT asking
       for form F, and writes FILE: for every rank and parameter, the fp32
       main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
@@ -103,7 +104,7 @@ def _torch_adamw_patches():
     DO._set_main_param_and_optimizer_states = set_states
 
 
-def build(tp, buckets):
+def build(tp, buckets, swiglu=False):
     import torch
     from megatron.core import tensor_parallel
     from megatron.core.distributed import (DistributedDataParallel,
@@ -122,7 +123,9 @@ def build(tp, buckets):
         params_dtype=torch.bfloat16, bf16=True, sequence_parallel=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False)
+        apply_rope_fusion=False, persist_layer_norm=False,
+        **(dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
+           if swiglu else {}))
     gpt = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
                    vocab_size=128, max_sequence_length=16,
                    share_embeddings_and_output_weights=False,
@@ -195,7 +198,7 @@ def worker(rank, world, port, a):
     _torch_adamw_patches()
     ps.initialize_model_parallel(tensor_model_parallel_size=a.tp)
     dp_rank = ps.get_data_parallel_rank()
-    gpt, model, opt = build(a.tp, a.buckets)
+    gpt, model, opt = build(a.tp, a.buckets, a.swiglu)
     if a.mode == "save":
         train(model, opt, 2, dp_rank)
         for entry in a.forms.split(","):
@@ -290,6 +293,8 @@ def main(argv=None):
     ap.add_argument("--form", default="fully_reshardable")
     ap.add_argument("--buckets", type=int, default=1, help="1, or more (any other value)")
     ap.add_argument("--dump")
+    ap.add_argument("--swiglu", action="store_true",
+                    help="a gated fc1 ([W; V], stored in 2*tp chunks)")
     a = ap.parse_args(argv)
     if a.mode == "load" and not a.dump:
         ap.error("load needs --dump")

@@ -28,17 +28,22 @@ def distopt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def buckets3(tmp_path_factory):
-    """The same run with three buckets per buffer (overlap_grad_reduce)."""
-    base = tmp_path_factory.mktemp("distopt3")
-    run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4, "--buckets", 3,
-           "--forms", "dp_reshardable", "--dump", base / "saved.pt")
+def gated(tmp_path_factory):
+    """A SwiGLU run (fc1 stored as [W; V] in 2*tp chunks), saved twice:
+    fully_reshardable with one bucket (the oracle's), dp_reshardable with
+    three buckets per buffer (overlap_grad_reduce), whose DP shards cut
+    params inside rows."""
+    base = tmp_path_factory.mktemp("distopt_gated")
+    run_py(SCRIPT, "save", base / "one", "--swiglu", "--forms",
+           "fully_reshardable")
+    run_py(SCRIPT, "save", base / "three", "--swiglu", "--buckets", 3,
+           "--forms", "dp_reshardable")
     return base
 
 
-def load(ckpt, tp, dump, form="fully_reshardable"):
-    run_py(SCRIPT, "load", ckpt, "--tp", tp, "--world", 4, "--form", form,
-           "--dump", dump)
+def load(ckpt, tp, dump, *more):
+    run_py(SCRIPT, "load", ckpt, "--tp", tp, "--world", 4, "--dump", dump,
+           *more)
     return dump
 
 
@@ -72,13 +77,15 @@ def test_view_resumes_at_new_tp(distopt, mount, tmp_path, form, tp):
     assert_same_states(got, direct(distopt, tp))
 
 
-def test_three_buckets(distopt, buckets3, mount, tmp_path):
-    """Params spread over three buckets (each padded at its end) are found
-    too. Bucketing does not change the training (each grad is reduced over
-    the same two ranks), so the one-bucket run's fully_reshardable save is
-    the oracle."""
-    m = mount(buckets3 / "dp_reshardable", ["tp=1"])
-    assert_same_states(load(m.mnt, 1, tmp_path / "view.pt"), direct(distopt, 1))
+def test_gated_three_buckets(gated, mount, tmp_path):
+    """Params spread over three buckets and cut by DP shards inside rows,
+    of a gated fc1 whose state must keep the [W; V] split at tp 4.
+    Bucketing does not change the training (each grad is reduced over the
+    same two ranks), so the one-bucket save is the oracle."""
+    want = load(gated / "one" / "fully_reshardable", 4,
+                tmp_path / "direct.pt", "--swiglu")
+    m = mount(gated / "three" / "dp_reshardable", ["tp=4"])
+    assert_same_states(load(m.mnt, 4, tmp_path / "view.pt", "--swiglu"), want)
 
 
 def test_keys_out_of_order_are_placed_by_value(distopt, mount, tmp_path):
