@@ -1,7 +1,7 @@
 /* cast: runs of elements between floating-point types, on the CPU.
  *
  * Every conversion goes through f32 bits with the functions of
- * gpu/cast_bits.h, the ones the CUDA kernels compile, so both give the same
+ * planner/cast_bits.h, the ones the CUDA kernels compile, so both give the same
  * bits.  A pair with f32 on one side is one loop; any other pair decodes a
  * block to f32 bits on the stack and encodes it (bf16 <-> f16 costs two
  * passes over 1 KiB of L1).
@@ -17,7 +17,7 @@
 
 #include <string.h>
 
-#include "gpu/cast_bits.h"
+#include "planner/cast_bits.h"
 
 #define BLOCK 256u
 

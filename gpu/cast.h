@@ -1,6 +1,6 @@
 /* cast: converting runs of elements between floating-point types.
  *
- * The rules, the same on the CPU and the GPU (gpu/cast_bits.h holds the
+ * The rules, the same on the CPU and the GPU (planner/cast_bits.h holds the
  * one implementation both compile):
  *  - f32, bf16, f16, f64, fp8 e4m3fn and e5m2, any to any.
  *  - Narrowing rounds to nearest, ties to even; subnormals are kept.

@@ -7,7 +7,7 @@
  * division per element).  Plain copies move 16, 8, 4, 2 or 1 bytes per
  * thread, the widest that every address and pitch of the piece allows.
  *
- * Casts use gpu/cast_bits.h, the same integer arithmetic the CPU executor
+ * Casts use planner/cast_bits.h, the same integer arithmetic the CPU executor
  * compiles, so both give identical bits.  The pairs a view converts most
  * (f32 states to bf16/f16, bf16 weights to f32) get their own
  * instantiation with typed loads and no switch in the inner loop; the rest
@@ -16,7 +16,7 @@
  * whose len, dst_off or dst_stride is not a whole number of elements.
  */
 #include "gpu/cuda.h"
-#include "gpu/cast_bits.h"
+#include "planner/cast_bits.h"
 
 namespace {
 

@@ -11,7 +11,8 @@ load one back and dump what the optimizer then holds.
       writes what the optimizer holds then, as load does.
   load CKPT --form F --tp T [--world W] [--swiglu] --dump FILE
       builds the same model at tp T, loads model + optimizer from CKPT asking
-      for form F, and writes FILE: for every rank and parameter, the fp32
+      for the form its common.pt names (as Megatron-LM does; F when it names
+      none), and writes FILE: for every rank and parameter, the fp32
       main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
       the model weights of that shard and the param groups' steps
       (torch.save of a list of per-rank dicts).
@@ -221,8 +222,11 @@ def worker(rank, world, port, a):
                 strategy = FullyParallelSaveStrategyWrapper(
                     TorchDistSaveShardedStrategy("torch_dist", 1),
                     ps.get_data_parallel_group(with_context_parallel=True))
+            # As Megatron-LM does: the form goes into common.pt too, and
+            # its load asks for the form found there.
             dist_checkpointing.save({"model": msd, "optimizer": osd}, d,
-                                    sharded_strategy=strategy)
+                                    sharded_strategy=strategy,
+                                    content_metadata={"distrib_optim_sharding_type": form})
             dist.barrier()
         if a.dump:
             write_dump(a, rank, gpt, opt, ps)
@@ -230,9 +234,11 @@ def worker(rank, world, port, a):
         # torch AdamW has no state before a step; load overwrites these.
         for o in getattr(opt, "chained_optimizers", [opt]):
             o._init_optimizer_states_with_dummy_values()
+        found = dist_checkpointing.load_content_metadata(a.dir) or {}
+        form = found.get("distrib_optim_sharding_type", a.form)
         msd = gpt.sharded_state_dict()
         osd = opt.sharded_state_dict(msd, is_loading=True,
-                                     metadata={"distrib_optim_sharding_type": a.form})
+                                     metadata={"distrib_optim_sharding_type": form})
         loaded = dist_checkpointing.load({"model": msd, "optimizer": osd}, a.dir)
         gpt.load_state_dict(loaded["model"], strict=False)
         opt.load_state_dict(loaded["optimizer"])

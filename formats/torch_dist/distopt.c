@@ -33,7 +33,7 @@
 #include "formats/codec/torch_object.h"
 #include "formats/codec/torchzip.h"
 #include "formats/checkpoint.h"
-#include "gpu/cast_bits.h"          /* bit-exact rounding, no device code */
+#include "planner/cast_bits.h"          /* bit-exact rounding, no device code */
 #include "planner/array.h"
 #include "planner/rules.h"
 
@@ -897,9 +897,30 @@ out:
 	return err;
 }
 
+/* Writes the start of a dict and d's items but `skip` (the caller adds
+ * items and ends it). */
+static int copy_dict_but(rs_pwriter *w, const rs_pvalue *d, const char *skip,
+			 char *msg, size_t size)
+{
+	int err = 0;
+
+	rs_pw_dict_begin(w);
+	for (size_t j = 0; j < rs_pv_len(d) && !err; j++) {
+		if (rs_pv_str_is(rs_pv_key(d, j), skip))
+			continue;
+		err = rs_pw_value(w, rs_pv_key(d, j), rs_megatron_copy_allow,
+				  rs_megatron_members, msg, size);
+		if (!err)
+			err = rs_pw_value(w, rs_pv_val(d, j), rs_megatron_copy_allow,
+					  rs_megatron_members, msg, size);
+	}
+	return err;
+}
+
 /* common.pt's pickle with its "optimizer" dict holding what group 0's
  * records hold (its param groups, a grad scaler) and the fully_reshardable
- * sharding type, everything else copied. */
+ * sharding type, its content_metadata (if any) naming that form, and
+ * everything else copied. */
 static int make_common(distopt *o)
 {
 	static const char group0[] = PREFIX "0.";
@@ -914,7 +935,7 @@ static int make_common(distopt *o)
 	rs_zip z = { 0 };
 	uint8_t *buf = NULL, *pkl = NULL;
 	size_t plen = 0;
-	const rs_pvalue *root, *old = NULL;
+	const rs_pvalue *root, *old = NULL, *content;
 	rs_made_file *made;
 	int fd, err = 0;
 
@@ -978,6 +999,8 @@ static int make_common(distopt *o)
 		goto out;
 	}
 	old = rs_pv_get(root, "optimizer");
+	/* Megatron-LM's load asks for the form its save recorded here. */
+	content = rs_pv_get(root, "content_metadata");
 	if (!rs_pv_str_is(rs_pv_get(old, "param_state_sharding_type"),
 			  "dp_reshardable")) {
 		rs_diag_add(o->d, "%s/common.pt: its optimizer's param_state_sharding_type is not 'dp_reshardable', but .metadata holds dp_reshardable buckets",
@@ -994,24 +1017,21 @@ static int make_common(distopt *o)
 				  rs_megatron_members, msg, sizeof(msg));
 		if (err)
 			break;
+		if (v == content && rs_pv_kind(v) == RS_PV_DICT) {
+			err = copy_dict_but(&w, v, "distrib_optim_sharding_type",
+					    msg, sizeof(msg));
+			rs_pw_cstr(&w, "distrib_optim_sharding_type");
+			rs_pw_cstr(&w, "fully_reshardable");
+			rs_pw_dict_end(&w);
+			continue;
+		}
 		if (v != old) {
 			err = rs_pw_value(&w, v, rs_megatron_copy_allow,
 					  rs_megatron_members, msg, sizeof(msg));
 			continue;
 		}
-		rs_pw_dict_begin(&w);
-		for (size_t j = 0; j < rs_pv_len(old) && !err; j++) {
-			if (rs_pv_str_is(rs_pv_key(old, j), "param_state_sharding_type"))
-				continue;
-			err = rs_pw_value(&w, rs_pv_key(old, j),
-					  rs_megatron_copy_allow,
-					  rs_megatron_members, msg, sizeof(msg));
-			if (!err)
-				err = rs_pw_value(&w, rs_pv_val(old, j),
-						  rs_megatron_copy_allow,
-						  rs_megatron_members, msg,
-						  sizeof(msg));
-		}
+		err = copy_dict_but(&w, old, "param_state_sharding_type", msg,
+				    sizeof(msg));
 		for (size_t j = 0; j < nobjs && !err; j++) {
 			rs_pw_str(&w, keys[j], klen[j]);
 			err = rs_pw_value(&w, rs_pv_item(rs_pickle_root(objs[j]), 0),

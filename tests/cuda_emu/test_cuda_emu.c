@@ -43,7 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gpu/cast_bits.h"
+#include "planner/cast_bits.h"
 #include "gpu/cuda.h"
 #include "gpu/backend.h"
 #include "gpu/executor.h"

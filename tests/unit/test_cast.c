@@ -1,7 +1,7 @@
 /* cast: element conversions between floating-point types, and the CPU
  * executor running jobs that cast.
  *
- *  - rs_cast_run against the per-element functions of gpu/cast_bits.h for
+ *  - rs_cast_run against the per-element functions of planner/cast_bits.h for
  *    every 16- and 8-bit source pattern, at odd lengths and alignments;
  *  - the vectorizable f16 functions against the generic ones they
  *    replace, the f64 ones against the host's IEEE conversions;
@@ -25,7 +25,7 @@
 #endif
 
 #include "gpu/cast.h"
-#include "gpu/cast_bits.h"
+#include "planner/cast_bits.h"
 #include "gpu/executor.h"
 #include "tests/unit/check.h"
 #include "tests/unit/source_file.h"
