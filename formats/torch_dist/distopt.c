@@ -41,6 +41,7 @@
 #define MAX_STATES 8
 #define MAX_GBUFS 8
 #define PARAM_ALIGN 64          /* elements; param_and_grad_buffer.py */
+#define MAX_CANDIDATES 512      /* params tried for one place */
 #define OBJECT_PKL_MAX (64u << 20)
 
 /* One bucket tensor, by its parsed name. */
@@ -130,6 +131,31 @@ static int cmp_ref(const void *a, const void *b)
 	return 0;
 }
 
+static int cmp_frag_start(const void *a, const void *b)
+{
+	uint64_t x = ((const rs_fragment *)a)->box.off[0];
+	uint64_t y = ((const rs_fragment *)b)->box.off[0];
+
+	return x < y ? -1 : x > y;
+}
+
+/* The first fragment of a bucket tensor (sorted by start) ending past x. */
+static size_t first_frag_after(const rs_tensor *t, uint64_t x)
+{
+	size_t lo = 0, hi = t->nfrags;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const rs_fragment *f = &t->frags[mid];
+
+		if (f->box.off[0] + f->box.len[0] <= x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static const rs_tensor *bucket_tensor(const distopt *o, unsigned g,
 				      unsigned b, unsigned k, unsigned s)
 {
@@ -190,6 +216,12 @@ static int find_buckets(distopt *o)
 	}
 	if (!o->nrefs)
 		return 0;
+	/* by start, for lookups by position (they tile: checked on read) */
+	for (size_t i = 0; i < o->nrefs; i++) {
+		rs_tensor *t = &o->ck->catalog.tensors[o->refs[i].tensor];
+
+		qsort(t->frags, t->nfrags, sizeof(*t->frags), cmp_frag_start);
+	}
 	qsort(o->refs, o->nrefs, sizeof(*o->refs), cmp_ref);
 	for (size_t i = 1; i < o->nrefs; i++)
 		if (cmp_ref(&o->refs[i - 1], &o->refs[i]) == 0) {
@@ -355,28 +387,36 @@ static uint64_t align_up(uint64_t x)
 	return (x + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
 }
 
-/* Byte offset of global element `at` in its fragment of tensor t. */
+/* Byte offset of global element `at` in its fragment of tensor t: a
+ * model tensor (on its grid) or a bucket (1-d, sorted by start). */
 static bool element_offset(const rs_tensor *t, const uint64_t *at,
 			   uint32_t *source, uint64_t *offset)
 {
-	for (size_t f = 0; f < t->nfrags; f++) {
-		const rs_fragment *fr = &t->frags[f];
-		uint64_t e = 0;
-		int i;
+	uint64_t cell[RS_MAX_DIMS], e = 0;
+	const rs_fragment *fr;
+	size_t f;
+	int i;
 
+	if (t->regular) {
 		for (i = 0; i < t->ndim; i++)
-			if (at[i] < fr->box.off[i] ||
-			    at[i] - fr->box.off[i] >= fr->box.len[i])
-				break;
-		if (i < t->ndim)
-			continue;
-		for (i = 0; i < t->ndim; i++)
-			e += (at[i] - fr->box.off[i]) * fr->stride[i];
-		*source = fr->source;
-		*offset = fr->offset + e * rs_dtype_size(t->dtype);
-		return true;
+			cell[i] = at[i] / t->grid[i];
+		f = (size_t)rs_tensor_grid_index(t, cell);
+	} else if (t->ndim == 1) {
+		f = first_frag_after(t, at[0]);
+	} else {
+		return false;
 	}
-	return false;
+	if (f >= t->nfrags)
+		return false;
+	fr = &t->frags[f];
+	for (i = 0; i < t->ndim; i++) {
+		if (at[i] < fr->box.off[i] || at[i] - fr->box.off[i] >= fr->box.len[i])
+			return false;
+		e += (at[i] - fr->box.off[i]) * fr->stride[i];
+	}
+	*source = fr->source;
+	*offset = fr->offset + e * rs_dtype_size(t->dtype);
+	return true;
 }
 
 static int read_element(distopt *o, const rs_tensor *t, const uint64_t *at,
@@ -511,7 +551,7 @@ static int place(distopt *o)
 			}
 			bt = bucket_tensor(o, 0, b, k, 0);
 			start = pos ? align_up(pos) : 0;
-			for (size_t c = at; c < n && !err; c++) {
+			for (size_t c = at, tried = 0; c < n && !err; c++) {
 				param_slot *p = &o->slots[order[c]];
 				int m;
 
@@ -519,6 +559,11 @@ static int place(distopt *o)
 				    (!o->split[want->tensor].layer_axes ||
 				     p->layer != want->layer))
 					continue;
+				/* a layer's params and the few outside layers:
+				 * a real model tries tens; a hostile one may
+				 * not make the mount quadratic */
+				if (++tried > MAX_CANDIDATES)
+					break;
 				if (start + p->numel > bt->shape[0])
 					continue;
 				p->gbuf = b;
@@ -749,12 +794,12 @@ static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
 	for (int i = 0; i < t->ndim; i++)
 		sub *= len[i];
 	rs_c_strides(len, t->ndim, stride);
-	for (size_t f = 0; f < bt->nfrags; f++) {
+	for (size_t f = first_frag_after(bt, p->start); f < bt->nfrags; f++) {
 		const rs_fragment *bf = &bt->frags[f];
 		uint64_t a = bf->box.off[0], e = a + bf->box.len[0];
 
-		if (e <= p->start || a >= p->end)
-			continue;
+		if (a >= p->end)
+			break;
 		if (a < p->start)
 			a = p->start;
 		if (e > p->end)
