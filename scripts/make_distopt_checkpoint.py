@@ -18,9 +18,6 @@ load one back and dump what the optimizer then holds.
       (torch.save of a list of per-rank dicts).
   compare GOT WANT
       fails unless two dumps hold the same values, WANT's being trained.
-  swap-keys CKPT KEY KEY
-      swaps two keys' places in CKPT/.metadata (for a test of the
-      dp_reshardable reader's checks).
 
 Both run in .venv-mcore (torch, megatron-core) over gloo, one process per
 rank. Only device placement is patched (see _cpu_patches): the code that
@@ -272,27 +269,11 @@ def compare(got_path, want_path):
     return n
 
 
-def swap_keys(ckpt, a, b):
-    """Swaps the places of keys a and b in CKPT/.metadata (the module order
-    a dp_reshardable reader recomputes its layout from)."""
-    import pickle
-    _cpu_workarounds()
-    import megatron.core.dist_checkpointing.strategies.torch  # noqa: F401 (its Metadata class)
-    path = os.path.join(ckpt, ".metadata")
-    with open(path, "rb") as f:
-        md = pickle.load(f)
-    old = md.state_dict_metadata
-    keys = [b if k == a else a if k == b else k for k in old]
-    md.state_dict_metadata = {k: old[k] for k in keys}
-    with open(path, "wb") as f:
-        pickle.dump(md, f)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["save", "load", "compare", "swap-keys"])
-    ap.add_argument("dir", help="OUT (save), CKPT (load, swap-keys) or GOT (compare)")
-    ap.add_argument("more", nargs="*", help="WANT (compare), KEY KEY (swap-keys)")
+    ap.add_argument("mode", choices=["save", "load", "compare"])
+    ap.add_argument("dir", help="OUT (save), CKPT (load) or GOT (compare)")
+    ap.add_argument("want", nargs="?", help="WANT (compare)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--forms", default=",".join(FORMS))
@@ -305,14 +286,9 @@ def main(argv=None):
     if a.mode == "load" and not a.dump:
         ap.error("load needs --dump")
     if a.mode == "compare":
-        if len(a.more) != 1:
+        if not a.want:
             ap.error("compare needs GOT and WANT")
-        compare(a.dir, a.more[0])
-        return
-    if a.mode == "swap-keys":
-        if len(a.more) != 2:
-            ap.error("swap-keys needs CKPT KEY KEY")
-        swap_keys(a.dir, *a.more)
+        compare(a.dir, a.want)
         return
     import torch
     import torch.multiprocessing as mp

@@ -11,6 +11,8 @@ the fully_reshardable save of the same run at that TP by itself.
 import pytest
 
 from mcore import REPO, needs_mcore, run_py
+from test_bad_input import assert_refused
+from test_torch_dist import _copy, _rewrite_metadata
 
 pytestmark = needs_mcore
 
@@ -91,11 +93,25 @@ def test_gated_three_buckets(gated, mount, tmp_path):
 def test_keys_out_of_order_are_placed_by_value(distopt, mount, tmp_path):
     """Two params of one size swapped in .metadata (sizes alone cannot tell
     them apart): the main params' values put each in its place."""
-    import shutil
-    src = tmp_path / "swapped"
-    shutil.copytree(distopt / "dp_reshardable", src)
-    run_py(SCRIPT, "swap-keys", src,
-           "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
-           "decoder.layers.self_attention.linear_qkv.layer_norm_bias")
+    src = _copy(distopt / "dp_reshardable", tmp_path / "swapped")
+    a = "decoder.layers.self_attention.linear_qkv.layer_norm_weight"
+    b = "decoder.layers.self_attention.linear_qkv.layer_norm_bias"
+    _rewrite_metadata(src, f"""
+old = md.state_dict_metadata
+keys = [{b!r} if k == {a!r} else {a!r} if k == {b!r} else k for k in old]
+md.state_dict_metadata = {{k: old[k] for k in keys}}
+""")
     m = mount(src, ["tp=4"])
     assert_same_states(load(m.mnt, 4, tmp_path / "view.pt"), direct(distopt, 4))
+
+
+def test_buckets_without_main_params_refused(distopt, failing_mount, tmp_path):
+    """Without the fp32 main params nothing checks the recomputed layout:
+    the mount is refused, saying so."""
+    src = _copy(distopt / "dp_reshardable", tmp_path / "no_param")
+    _rewrite_metadata(src, """
+md.state_dict_metadata = {k: v for k, v in md.state_dict_metadata.items()
+                          if not k.endswith(".param")}
+""")
+    rc, err = failing_mount(src, ["tp=1"])
+    assert_refused(rc, err, ".metadata", "no 'param' state")
