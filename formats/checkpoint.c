@@ -82,7 +82,6 @@ const rs_pw_member rs_megatron_members[] = {
 	{ NULL, NULL, 0 },
 };
 
-
 int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 {
 	struct stat st;

@@ -260,11 +260,11 @@ static int pw_args(builder *b, rs_pwriter *w)
 	char why[200];
 	int err;
 
-	err = rs_pw_value(w, rs_pv_func(args), rs_megatron_copy_allow, rs_megatron_members, why,
-			  sizeof(why));
+	err = rs_pw_value(w, rs_pv_func(args), rs_megatron_copy_allow,
+			  rs_megatron_members, why, sizeof(why));
 	if (!err)
-		err = rs_pw_value(w, rs_pv_args(args), rs_megatron_copy_allow, rs_megatron_members,
-				  why, sizeof(why));
+		err = rs_pw_value(w, rs_pv_args(args), rs_megatron_copy_allow,
+				  rs_megatron_members, why, sizeof(why));
 	if (err) {
 		rs_diag_add(b->d, "%s: args: %s", b->st->first_path, why);
 		return -EINVAL;
@@ -278,7 +278,8 @@ static int pw_args(builder *b, rs_pwriter *w)
 		const rs_pvalue *k = rs_pv_key(state, i);
 		const char *key = rs_pv_str(k, NULL);
 
-		err = rs_pw_value(w, k, rs_megatron_copy_allow, rs_megatron_members, why, sizeof(why));
+		err = rs_pw_value(w, k, rs_megatron_copy_allow,
+				  rs_megatron_members, why, sizeof(why));
 		if (!err && !(key && pw_new_arg(b, w, key)))
 			err = rs_pw_value(w, rs_pv_val(state, i), rs_megatron_copy_allow,
 					  rs_megatron_members, why, sizeof(why));

@@ -8,13 +8,16 @@
  * megatron-core's param-and-grad buffer lays a bucket out: the params in
  * reverse module order, each starting on a multiple of 64 elements, a bucket
  * closing where the unpadded size the checkpoint stores is reached.  The
- * module order is the order of the model's keys in `.metadata` (megatron-core
- * writes its sharded state dict in module order), layers stacked under
- * `decoder.layers.` expanded layer by layer.
+ * module order is first taken from the order of the model's keys in
+ * `.metadata` (megatron-core writes its sharded state dict in module
+ * order), layers stacked under `decoder.layers.` expanded layer by layer;
+ * where a fully parallel save moved keys, the fp32 main params, which the
+ * stored weights are rounded from, tell which param sits where.
  *
  * The layout is accepted only if it accounts for every bucket element
- * exactly and no stored chunk straddles a param's edge (megatron-core saves
- * every param piece and every gap as a chunk of its own); else the mount is
+ * exactly, no stored chunk straddles a param's edge (megatron-core saves
+ * every param piece and every gap as a chunk of its own) and every param's
+ * main params round to its weights on every TP rank; else the mount is
  * refused with what did not fit.  Each param's range then becomes
  * fragments of `optimizer.state.<state>.<key>` (a flat range of a box is a
  * few boxes), the shape of the model tensor.  The bucket tensors and the
@@ -33,14 +36,14 @@
 #include "formats/codec/torch_object.h"
 #include "formats/codec/torchzip.h"
 #include "formats/checkpoint.h"
-#include "planner/cast_bits.h"          /* bit-exact rounding, no device code */
 #include "planner/array.h"
+#include "planner/cast_bits.h"
 #include "planner/rules.h"
 
 #define PREFIX "optimizer.distributed.dp_group_idx_"
 #define MAX_STATES 8
 #define MAX_GBUFS 8
-#define PARAM_ALIGN 64          /* elements; param_and_grad_buffer.py */
+#define PARAM_ALIGN 64          /* elements (docs/FORMATS.md) */
 #define MAX_CANDIDATES 512      /* params tried for one place */
 #define OBJECT_PKL_MAX (64u << 20)
 
@@ -299,6 +302,35 @@ static int split_of(distopt *o, const rs_tensor *t, tp_split *sp)
 	return 0;
 }
 
+/* One group per TP rank: the source TP, the fewest chunks any model
+ * tensor is cut into along an axis, must be the group count.  More groups
+ * mean pipeline stages (a group per stage and TP rank, each stage's
+ * buffers holding its own layers), which are not read. */
+static int check_groups(distopt *o)
+{
+	const rs_catalog *c = &o->ck->catalog;
+	uint64_t tp = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const rs_tensor *t = &c->tensors[i];
+		int la = rs_rules_layer_axes(t->name);
+
+		if (!is_model_tensor(t) || !t->regular)
+			continue;
+		for (int a = la; a < t->ndim; a++)
+			if (t->grid_count[a] > 1 && (!tp || t->grid_count[a] < tp))
+				tp = t->grid_count[a];
+	}
+	if (!tp)
+		tp = 1;
+	if (tp != o->groups) {
+		rs_diag_add(o->d, "%s: %u dp_reshardable groups, but the model is stored at tp=%llu: a save with pipeline stages, whose buffers hold each stage's layers, is not read",
+			    o->meta_path, o->groups, (unsigned long long)tp);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int add_slot(distopt *o, size_t tensor, uint64_t layer)
 {
 	const rs_tensor *t = &o->ck->catalog.tensors[tensor];
@@ -336,6 +368,9 @@ static int module_order(distopt *o)
 	o->split = calloc(c->count ? c->count : 1, sizeof(*o->split));
 	if (!o->split)
 		return -ENOMEM;
+	err = check_groups(o);
+	if (err)
+		return err;
 	for (size_t i = 0; i < c->count; i++) {
 		const rs_tensor *t = &c->tensors[i];
 
@@ -380,6 +415,25 @@ static int module_order(distopt *o)
 			return err;
 	}
 	return 0;
+}
+
+/* The shape of one stored chunk of a TP rank's shard of t, one layer of
+ * it (a rank's shard is `multiplier` of them along the TP axis); returns
+ * its element count. */
+static uint64_t sub_chunk_shape(const rs_tensor *t, const tp_split *sp,
+				uint64_t *len)
+{
+	uint64_t n = 1;
+
+	for (int i = 0; i < t->ndim; i++)
+		len[i] = t->shape[i];
+	if (sp->layer_axes)
+		len[0] = 1;
+	if (sp->axis >= 0)
+		len[sp->axis] = t->grid[sp->axis];
+	for (int i = 0; i < t->ndim; i++)
+		n *= len[i];
+	return n;
 }
 
 static uint64_t align_up(uint64_t x)
@@ -444,18 +498,11 @@ static int slot_matches(distopt *o, const param_slot *p, unsigned g)
 	const tp_split *sp = &o->split[p->tensor];
 	const rs_tensor *bt = bucket_tensor(o, g, p->gbuf, p->bucket,
 					    (unsigned)o->param_state);
-	uint64_t len[RS_MAX_DIMS], sub = 1;
+	uint64_t len[RS_MAX_DIMS], sub;
 
 	if (bt->dtype != RS_DTYPE_F32)
 		return 1;
-	for (int i = 0; i < t->ndim; i++)
-		len[i] = t->shape[i];
-	if (sp->layer_axes)
-		len[0] = 1;
-	if (sp->axis >= 0)
-		len[sp->axis] = t->grid[sp->axis];
-	for (int i = 0; i < t->ndim; i++)
-		sub *= len[i];
+	sub = sub_chunk_shape(t, sp, len);
 	for (uint64_t q = 0; q <= CHECK_HEAD; q++) {
 		uint64_t u = q < CHECK_HEAD ? q : p->numel - 1;
 		uint64_t v = u % sub, x = p->start + u, at[RS_MAX_DIMS];
@@ -517,8 +564,9 @@ static int check_values(distopt *o)
  * order: each starts on a multiple of PARAM_ALIGN elements, and a bucket
  * closes where its stored size is reached.  At each place the param the
  * key order gives is tried first; if its main params do not round to its
- * weights there (slot_matches), every other param left of that layer (or
- * outside the layers) is tried, and exactly one must fit. */
+ * weights there (slot_matches), every other param left of the layer
+ * being laid out (or outside the layers) is tried, and exactly one must
+ * fit. */
 static int place(distopt *o)
 {
 	size_t *order = malloc((o->nslots ? o->nslots : 1) * sizeof(*order));
@@ -539,7 +587,7 @@ static int place(distopt *o)
 			const param_slot *want = &o->slots[order[at]];
 			size_t pick = SIZE_MAX;
 			const rs_tensor *bt;
-			uint64_t start;
+			uint64_t start, here;
 
 			if (k >= o->nbuckets[b]) {
 				rs_diag_add(o->d, "%s: %s: grad buffer %u's %u buckets are full before this param; the recomputed bucket layout does not match the checkpoint",
@@ -551,13 +599,20 @@ static int place(distopt *o)
 			}
 			bt = bucket_tensor(o, 0, b, k, 0);
 			start = pos ? align_up(pos) : 0;
+			/* the layer being laid out: that of the first layer
+			 * param left (they keep their descending order) */
+			here = UINT64_MAX;
+			for (size_t c = at; c < n && c - at < MAX_CANDIDATES; c++)
+				if (o->split[o->slots[order[c]].tensor].layer_axes) {
+					here = o->slots[order[c]].layer;
+					break;
+				}
 			for (size_t c = at, tried = 0; c < n && !err; c++) {
 				param_slot *p = &o->slots[order[c]];
 				int m;
 
 				if (c != at && o->split[p->tensor].layer_axes &&
-				    (!o->split[want->tensor].layer_axes ||
-				     p->layer != want->layer))
+				    p->layer != here)
 					continue;
 				/* a layer's params and the few outside layers:
 				 * a real model tries tens; a hostile one may
@@ -782,17 +837,10 @@ static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
 	const tp_split *sp = &o->split[p->tensor];
 	const rs_tensor *bt = bucket_tensor(o, g, p->gbuf, p->bucket, s);
 	unsigned esize = rs_dtype_size(bt->dtype);
-	uint64_t len[RS_MAX_DIMS], stride[RS_MAX_DIMS], sub = 1;
+	uint64_t len[RS_MAX_DIMS], stride[RS_MAX_DIMS], sub;
 	int err;
 
-	for (int i = 0; i < t->ndim; i++)
-		len[i] = t->shape[i];
-	if (sp->layer_axes)
-		len[0] = 1;
-	if (sp->axis >= 0)
-		len[sp->axis] = t->grid[sp->axis];
-	for (int i = 0; i < t->ndim; i++)
-		sub *= len[i];
+	sub = sub_chunk_shape(t, sp, len);
 	rs_c_strides(len, t->ndim, stride);
 	for (size_t f = first_frag_after(bt, p->start); f < bt->nfrags; f++) {
 		const rs_fragment *bf = &bt->frags[f];

@@ -92,13 +92,17 @@ def test_gated_three_buckets(gated, mount, tmp_path):
 
 def test_keys_out_of_order_are_placed_by_value(distopt, mount, tmp_path):
     """Two params of one size swapped in .metadata (sizes alone cannot tell
-    them apart): the main params' values put each in its place."""
+    them apart) and the embedding moved past the layers: the main params'
+    values put each in its place."""
     src = _copy(distopt / "dp_reshardable", tmp_path / "swapped")
     a = "decoder.layers.self_attention.linear_qkv.layer_norm_weight"
     b = "decoder.layers.self_attention.linear_qkv.layer_norm_bias"
+    emb = "embedding.word_embeddings.weight"
     _rewrite_metadata(src, f"""
 old = md.state_dict_metadata
-keys = [{b!r} if k == {a!r} else {a!r} if k == {b!r} else k for k in old]
+keys = [{b!r} if k == {a!r} else {a!r} if k == {b!r} else k
+        for k in old if k != {emb!r}]
+keys.insert(keys.index("decoder.final_layernorm.weight"), {emb!r})
 md.state_dict_metadata = {{k: old[k] for k in keys}}
 """)
     m = mount(src, ["tp=4"])
