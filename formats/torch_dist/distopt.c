@@ -500,8 +500,6 @@ static int slot_matches(distopt *o, const param_slot *p, unsigned g)
 					    (unsigned)o->param_state);
 	uint64_t len[RS_MAX_DIMS], sub;
 
-	if (bt->dtype != RS_DTYPE_F32)
-		return 1;
 	sub = sub_chunk_shape(t, sp, len);
 	for (uint64_t q = 0; q <= CHECK_HEAD; q++) {
 		uint64_t u = q < CHECK_HEAD ? q : p->numel - 1;
@@ -893,22 +891,32 @@ static int build_states(distopt *o)
 	for (unsigned s = 0; s < o->states && !err; s++)
 		for (size_t i = 0; i < nmodel && !err; i++) {
 			const rs_tensor *t = &c->tensors[i];
-			const rs_tensor *bt = bucket_tensor(o, 0, 0, 0, s);
+			const rs_tensor *bt = NULL;
 			unsigned groups = o->split[i].axis >= 0 ? o->groups : 1;
-			uint64_t tiled_a, tiled_b;
+			uint64_t tiled_a, tiled_b, shape[RS_MAX_DIMS];
 			size_t index, fa = 0, fb = 0;
 			rs_tensor *out;
 
 			if (!is_model_tensor(t))
 				continue;
 			fl.n = 0;
-			for (size_t n = 0; n < o->nslots && !err; n++)
+			for (size_t n = 0; n < o->nslots && !err; n++) {
+				if (o->slots[n].tensor != i)
+					continue;
+				bt = bucket_tensor(o, 0, o->slots[n].gbuf, 0, s);
 				for (unsigned g = 0; g < groups && !err; g++)
-					if (o->slots[n].tensor == i)
-						err = slot_fragments(o, &o->slots[n], g,
-								     s, &fl);
+					err = slot_fragments(o, &o->slots[n], g, s,
+							     &fl);
+			}
 			if (err)
 				break;
+			if (!bt) {
+				rs_diag_add(o->d, "%s: %s: no dp_reshardable grad buffer holds it (params of %s)",
+					    o->meta_path, t->name,
+					    rs_dtype_name(t->dtype));
+				err = -EINVAL;
+				break;
+			}
 			free(name);
 			if (asprintf(&name, "optimizer.state.%s.%s",
 				     o->state_names[s], t->name) < 0) {
@@ -924,8 +932,10 @@ static int build_states(distopt *o)
 				}
 			if (err)
 				break;
+			/* the shape is copied: adding may move the array */
+			memcpy(shape, t->shape, sizeof(shape));
 			err = rs_catalog_add_fragments(c, name, bt->dtype, t->ndim,
-						       t->shape, fl.n, &index);
+						       shape, fl.n, &index);
 			if (err)
 				break;
 			t = &c->tensors[i];     /* the array may have moved */
@@ -1228,6 +1238,15 @@ int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
 		err = -EINVAL;
 		goto out;
 	}
+	for (size_t i = 0; i < o.nrefs; i++)
+		if (o.refs[i].state == (unsigned)o.param_state &&
+		    ck->catalog.tensors[o.refs[i].tensor].dtype != RS_DTYPE_F32) {
+			rs_diag_add(d, "%s: %s: main params stored as %s, not float32 (a precision-aware optimizer); the bucket layout cannot be checked against the weights",
+				    meta_path, ck->catalog.tensors[o.refs[i].tensor].name,
+				    rs_dtype_name(ck->catalog.tensors[o.refs[i].tensor].dtype));
+			err = -EINVAL;
+			goto out;
+		}
 	err = module_order(&o);
 	if (!err)
 		err = place(&o);
