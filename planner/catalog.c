@@ -319,3 +319,79 @@ uint64_t rs_tensor_chunk_bytes(const rs_tensor *t)
 		n *= t->grid[i];
 	return n;
 }
+
+/* The piece of a local shard at flat [a, b) (C order over `len`, element
+ * strides `stride`, global origin `base`) as boxes; `first` is the
+ * fragment for local element 0 (its offset; the box is filled here).
+ * Recursion depth is at most the rank. */
+static int emit_range(rs_frag_list *fl, const rs_fragment *first, unsigned esize,
+		      int ndim, const uint64_t *base, const uint64_t *len,
+		      const uint64_t *stride, int axis, uint64_t lead,
+		      uint64_t a, uint64_t b, uint64_t *pos)
+{
+	uint64_t inner = 1;
+	int err;
+
+	if (a >= b)
+		return 0;
+	for (int i = axis + 1; i < ndim; i++)
+		inner *= len[i];
+	/* pos[0..axis) are fixed; lead is the flat index of their corner */
+	if (a % inner == 0 && b % inner == 0) {
+		rs_fragment *f;
+
+		err = rs_array_reserve(&fl->v, &fl->cap, fl->n + 1, sizeof(*f));
+		if (err)
+			return err;
+		f = &fl->v[fl->n++];
+		*f = *first;
+		f->box.ndim = ndim;
+		for (int i = 0; i < ndim; i++) {
+			f->box.off[i] = base[i] + (i < axis ? pos[i] : 0);
+			f->box.len[i] = i < axis ? 1 : len[i];
+			f->stride[i] = stride[i] * first->stride[0];
+		}
+		f->box.off[axis] = base[axis] + a / inner;
+		f->box.len[axis] = (b - a) / inner;
+		f->offset = first->offset +
+			    (lead + a) * first->stride[0] * esize;
+		return 0;
+	}
+	if (a / inner == (b - 1) / inner) {
+		uint64_t row = a / inner;
+
+		pos[axis] = row;
+		return emit_range(fl, first, esize, ndim, base, len, stride,
+				  axis + 1, lead + row * inner, a - row * inner,
+				  b - row * inner, pos);
+	}
+	if (a % inner) {
+		uint64_t cut = (a / inner + 1) * inner;
+
+		err = emit_range(fl, first, esize, ndim, base, len, stride,
+				 axis, lead, a, cut, pos);
+		if (err)
+			return err;
+		a = cut;
+	}
+	if (b / inner * inner > a) {
+		err = emit_range(fl, first, esize, ndim, base, len, stride,
+				 axis, lead, a, b / inner * inner, pos);
+		if (err)
+			return err;
+		a = b / inner * inner;
+	}
+	return emit_range(fl, first, esize, ndim, base, len, stride, axis,
+			  lead, a, b, pos);
+}
+
+int rs_frag_list_add_flat(rs_frag_list *fl, const rs_fragment *first,
+			  unsigned esize, int ndim, const uint64_t *base,
+			  const uint64_t *len, uint64_t a, uint64_t b)
+{
+	uint64_t stride[RS_MAX_DIMS], pos[RS_MAX_DIMS] = { 0 };
+
+	rs_c_strides(len, ndim, stride);
+	return emit_range(fl, first, esize, ndim, base, len, stride, 0, 0, a,
+			  b, pos);
+}

@@ -111,4 +111,22 @@ void rs_catalog_set_chunk(rs_tensor *t, const uint64_t *idx, uint32_t source,
 /* Bytes of one full stored chunk of a regular tensor. */
 uint64_t rs_tensor_chunk_bytes(const rs_tensor *t);
 
+/* Fragments being collected for one tensor (the caller frees v). */
+typedef struct {
+	rs_fragment *v;
+	size_t n, cap;
+} rs_frag_list;
+
+/* Appends the boxes holding flat elements [a, b) (a <= b) of a C-order box
+ * of extents len[0..ndim) at global origin `base`: a partial first row,
+ * whole rows, a partial last row, recursively, so at most 2*ndim - 1.
+ * `first` gives their source, in `offset` the byte offset of the box's flat
+ * element 0 (which may lie outside [a, b): only offsets inside it are
+ * formed, so it may wrap) and in stride[0] the source's element step
+ * between flat neighbours.  The caller checks that the box lies in the
+ * tensor.  Returns 0 or -ENOMEM. */
+int rs_frag_list_add_flat(rs_frag_list *fl, const rs_fragment *first,
+			  unsigned esize, int ndim, const uint64_t *base,
+			  const uint64_t *len, uint64_t a, uint64_t b);
+
 #endif

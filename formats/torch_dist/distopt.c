@@ -754,92 +754,20 @@ static int check_chunks(distopt *o)
 	return err;
 }
 
-/* Growing fragments of one output tensor. */
-typedef struct {
-	rs_fragment *v;
-	size_t n, cap;
-} frag_list;
-
-/* The piece of a local shard at flat [a, b) (C order over `len`, element
- * strides `stride`, global origin `base`) as boxes; `first` is the
- * fragment for local element 0 (its offset; the box is filled here).
- * Recursion depth is at most the rank. */
-static int emit_range(frag_list *fl, const rs_fragment *first, unsigned esize,
-		      int ndim, const uint64_t *base, const uint64_t *len,
-		      const uint64_t *stride, int axis, uint64_t lead,
-		      uint64_t a, uint64_t b, uint64_t *pos)
-{
-	uint64_t inner = 1;
-	int err;
-
-	if (a >= b)
-		return 0;
-	for (int i = axis + 1; i < ndim; i++)
-		inner *= len[i];
-	/* pos[0..axis) are fixed; lead is the flat index of their corner */
-	if (a % inner == 0 && b % inner == 0) {
-		rs_fragment *f;
-
-		err = rs_array_reserve(&fl->v, &fl->cap, fl->n + 1, sizeof(*f));
-		if (err)
-			return err;
-		f = &fl->v[fl->n++];
-		*f = *first;
-		f->box.ndim = ndim;
-		for (int i = 0; i < ndim; i++) {
-			f->box.off[i] = base[i] + (i < axis ? pos[i] : 0);
-			f->box.len[i] = i < axis ? 1 : len[i];
-			f->stride[i] = stride[i] * first->stride[0];
-		}
-		f->box.off[axis] = base[axis] + a / inner;
-		f->box.len[axis] = (b - a) / inner;
-		f->offset = first->offset +
-			    (lead + a) * first->stride[0] * esize;
-		return 0;
-	}
-	if (a / inner == (b - 1) / inner) {
-		uint64_t row = a / inner;
-
-		pos[axis] = row;
-		return emit_range(fl, first, esize, ndim, base, len, stride,
-				  axis + 1, lead + row * inner, a - row * inner,
-				  b - row * inner, pos);
-	}
-	if (a % inner) {
-		uint64_t cut = (a / inner + 1) * inner;
-
-		err = emit_range(fl, first, esize, ndim, base, len, stride,
-				 axis, lead, a, cut, pos);
-		if (err)
-			return err;
-		a = cut;
-	}
-	if (b / inner * inner > a) {
-		err = emit_range(fl, first, esize, ndim, base, len, stride,
-				 axis, lead, a, b / inner * inner, pos);
-		if (err)
-			return err;
-		a = b / inner * inner;
-	}
-	return emit_range(fl, first, esize, ndim, base, len, stride, axis,
-			  lead, a, b, pos);
-}
-
 /* The fragments of param slot p's state s on TP rank g: its bucket range
  * through the bucket tensor's chunks, cut where the rank's sub-chunks
  * along the TP axis meet, each piece as boxes. */
 static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
-			  unsigned s, frag_list *fl)
+			  unsigned s, rs_frag_list *fl)
 {
 	const rs_tensor *t = &o->ck->catalog.tensors[p->tensor];
 	const tp_split *sp = &o->split[p->tensor];
 	const rs_tensor *bt = bucket_tensor(o, g, p->gbuf, p->bucket, s);
 	unsigned esize = rs_dtype_size(bt->dtype);
-	uint64_t len[RS_MAX_DIMS], stride[RS_MAX_DIMS], sub;
+	uint64_t len[RS_MAX_DIMS], sub;
 	int err;
 
 	sub = sub_chunk_shape(t, sp, len);
-	rs_c_strides(len, t->ndim, stride);
 	for (size_t f = first_frag_after(bt, p->start); f < bt->nfrags; f++) {
 		const rs_fragment *bf = &bt->frags[f];
 		uint64_t a = bf->box.off[0], e = a + bf->box.len[0];
@@ -853,7 +781,7 @@ static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
 		/* local flat [a - start, e - start), in sub-chunks of `sub` */
 		for (uint64_t u = a - p->start; u < e - p->start;) {
 			uint64_t j = u / sub, stop = (j + 1) * sub;
-			uint64_t base[RS_MAX_DIMS] = { 0 }, pos[RS_MAX_DIMS] = { 0 };
+			uint64_t base[RS_MAX_DIMS] = { 0 };
 			rs_fragment first = *bf;
 
 			if (stop > e - p->start)
@@ -868,9 +796,9 @@ static int slot_fragments(distopt *o, const param_slot *p, unsigned g,
 			first.offset = bf->offset -
 				       (bf->box.off[0] - p->start - j * sub) *
 					       bf->stride[0] * esize;
-			err = emit_range(fl, &first, esize, t->ndim, base, len,
-					 stride, 0, 0, u - j * sub,
-					 stop - j * sub, pos);
+			err = rs_frag_list_add_flat(fl, &first, esize, t->ndim,
+						    base, len, u - j * sub,
+						    stop - j * sub);
 			if (err)
 				return err;
 			u = stop;
@@ -884,7 +812,7 @@ static int build_states(distopt *o)
 {
 	rs_catalog *c = &o->ck->catalog;
 	size_t nmodel = c->count;
-	frag_list fl = { 0 };
+	rs_frag_list fl = { 0 };
 	char *name = NULL;
 	int err = 0;
 
@@ -1000,53 +928,16 @@ out:
 	return err;
 }
 
-/* Writes the start of a dict and d's items but `skip` (the caller adds
- * items and ends it). */
-static int copy_dict_but(rs_pwriter *w, const rs_pvalue *d, const char *skip,
-			 char *msg, size_t size)
-{
-	int err = 0;
-
-	rs_pw_dict_begin(w);
-	for (size_t j = 0; j < rs_pv_len(d) && !err; j++) {
-		if (rs_pv_str_is(rs_pv_key(d, j), skip))
-			continue;
-		err = rs_pw_value(w, rs_pv_key(d, j), rs_megatron_copy_allow,
-				  rs_megatron_members, msg, size);
-		if (!err)
-			err = rs_pw_value(w, rs_pv_val(d, j), rs_megatron_copy_allow,
-					  rs_megatron_members, msg, size);
-	}
-	return err;
-}
-
-/* common.pt's pickle with its "optimizer" dict holding what group 0's
- * records hold (its param groups, a grad scaler) and the fully_reshardable
- * sharding type, its content_metadata (if any) naming that form, and
- * everything else copied. */
+/* The view's common.pt: the optimizer's param groups (and grad scaler)
+ * from group 0's records, the form fully_reshardable. */
 static int make_common(distopt *o)
 {
 	static const char group0[] = PREFIX "0.";
-	rs_entry *common = rs_checkpoint_top_entry(o->ck, "common.pt");
-	rs_pickle *top = NULL, *objs[16] = { 0 };
-	const char *keys[16];
-	size_t nobjs = 0, klen[16];
-	char msg[200], perr[RS_ZIP_MSG_SIZE];
-	rs_pickle_limits lim;
-	rs_pwriter w;
-	const rs_zip_entry *pe;
-	rs_zip z = { 0 };
-	uint8_t *buf = NULL, *pkl = NULL;
-	size_t plen = 0;
-	const rs_pvalue *root, *old = NULL, *content;
-	rs_made_file *made;
-	int fd, err = 0;
+	rs_pickle *objs[RS_COMMON_MAX_ITEMS] = { 0 };
+	const char *keys[RS_COMMON_MAX_ITEMS];
+	size_t nobjs = 0, klen[RS_COMMON_MAX_ITEMS];
+	int err = 0;
 
-	if (!common || common->is_dir) {
-		rs_diag_add(o->d, "%s/common.pt: missing; a dp_reshardable checkpoint keeps the optimizer's sharding type there",
-			    o->ck->dir_path);
-		return -EINVAL;
-	}
 	for (size_t i = 0; i < o->ck->nblobs && !err; i++) {
 		const rs_blob *b = &o->ck->blobs[i];
 		const char *k = b->fqn + strlen(group0), *slash;
@@ -1055,7 +946,7 @@ static int make_common(distopt *o)
 		    !(slash = strchr(k, '/')) ||
 		    strncmp(k, "per_bucket_numel", 16) == 0)
 			continue;
-		if (nobjs == 16 || !b->listed) {
+		if (nobjs == RS_COMMON_MAX_ITEMS || !b->listed) {
 			rs_diag_add(o->d, "%s: %s: not a dp_reshardable optimizer record",
 				    o->meta_path, b->fqn);
 			err = -EINVAL;
@@ -1072,114 +963,15 @@ static int make_common(distopt *o)
 		}
 		nobjs++;
 	}
-	if (err)
-		goto out;
-	err = rs_sources_fd(o->ck->sources, common->source, &fd);
-	if (!err)
-		err = rs_zip_open(&z, fd, 0,
-				  rs_sources_id(o->ck->sources, common->source)->size,
-				  perr, sizeof(perr));
-	pe = err ? NULL : rs_zip_find(&z, "data.pkl");
-	if (!pe || pe->size > OBJECT_PKL_MAX ||
-	    !(buf = malloc(pe->size ? pe->size : 1)) ||
-	    rs_pread_full(fd, buf, pe->size, pe->offset) != 0) {
-		rs_diag_add(o->d, "%s/common.pt: not a torch.save file", o->ck->dir_path);
-		err = -EINVAL;
-		goto out;
-	}
-	rs_pickle_limits_default(&lim);
-	lim.allow = rs_megatron_allow;
-	lim.torch_persids = true;
-	if (rs_pickle_parse(buf, pe->size, &lim, &top, perr, sizeof(perr)) != 0) {
-		rs_diag_add(o->d, "%s/common.pt: %s", o->ck->dir_path, perr);
-		err = -EINVAL;
-		goto out;
-	}
-	root = rs_pickle_root(top);
-	if (rs_pv_kind(root) != RS_PV_DICT) {
-		rs_diag_add(o->d, "%s/common.pt: not a dict", o->ck->dir_path);
-		err = -EINVAL;
-		goto out;
-	}
-	old = rs_pv_get(root, "optimizer");
-	/* Megatron-LM's load asks for the form its save recorded here. */
-	content = rs_pv_get(root, "content_metadata");
-	if (!rs_pv_str_is(rs_pv_get(old, "param_state_sharding_type"),
-			  "dp_reshardable")) {
-		rs_diag_add(o->d, "%s/common.pt: its optimizer's param_state_sharding_type is not 'dp_reshardable', but .metadata holds dp_reshardable buckets",
-			    o->ck->dir_path);
-		err = -EINVAL;
-		goto out;
-	}
-	rs_pw_init(&w, 2);
-	rs_pw_dict_begin(&w);
-	for (size_t i = 0; i < rs_pv_len(root) && !err; i++) {
-		const rs_pvalue *v = rs_pv_val(root, i);
+	if (!err) {
+		rs_common_items items = { .n = nobjs, .keys = keys,
+					  .klen = klen, .objs = objs };
 
-		err = rs_pw_value(&w, rs_pv_key(root, i), rs_megatron_copy_allow,
-				  rs_megatron_members, msg, sizeof(msg));
-		if (err)
-			break;
-		if (v == content && rs_pv_kind(v) == RS_PV_DICT) {
-			err = copy_dict_but(&w, v, "distrib_optim_sharding_type",
-					    msg, sizeof(msg));
-			rs_pw_cstr(&w, "distrib_optim_sharding_type");
-			rs_pw_cstr(&w, "fully_reshardable");
-			rs_pw_dict_end(&w);
-			continue;
-		}
-		if (v != old) {
-			err = rs_pw_value(&w, v, rs_megatron_copy_allow,
-					  rs_megatron_members, msg, sizeof(msg));
-			continue;
-		}
-		err = copy_dict_but(&w, old, "param_state_sharding_type", msg,
-				    sizeof(msg));
-		for (size_t j = 0; j < nobjs && !err; j++) {
-			rs_pw_str(&w, keys[j], klen[j]);
-			err = rs_pw_value(&w, rs_pv_item(rs_pickle_root(objs[j]), 0),
-					  rs_megatron_copy_allow, rs_megatron_members,
-					  msg, sizeof(msg));
-		}
-		rs_pw_cstr(&w, "param_state_sharding_type");
-		rs_pw_cstr(&w, "fully_reshardable");
-		rs_pw_dict_end(&w);
+		err = rs_torch_dist_make_common(o->ck, o->d, "dp_reshardable",
+						&items);
 	}
-	rs_pw_dict_end(&w);
-	if (err) {
-		rs_pw_free(&w);
-		rs_diag_add(o->d, "%s/common.pt: cannot be rewritten for the view: %s",
-			    o->ck->dir_path, msg);
-		err = -EINVAL;
-		goto out;
-	}
-	err = rs_pw_finish(&w, &pkl, &plen);
-	if (err)
-		goto out;
-	made = realloc(o->ck->made, (o->ck->nmade + 1) * sizeof(*made));
-	if (!made) {
-		err = -ENOMEM;
-		goto out;
-	}
-	o->ck->made = made;
-	memset(&o->ck->made[o->ck->nmade], 0, sizeof(*o->ck->made));
-	o->ck->made[o->ck->nmade].name = strdup("common.pt");
-	if (!o->ck->made[o->ck->nmade].name) {
-		err = -ENOMEM;
-		goto out;
-	}
-	err = rs_torch_object_make(pkl, plen, &o->ck->made[o->ck->nmade].bytes,
-				   &o->ck->made[o->ck->nmade].len);
-	o->ck->nmade++;
-	if (!err)
-		common->hidden = true;
-out:
-	free(pkl);
-	rs_pickle_free(top);
 	for (size_t j = 0; j < nobjs; j++)
 		rs_pickle_free(objs[j]);
-	free(buf);
-	rs_zip_free(&z);
 	return err;
 }
 

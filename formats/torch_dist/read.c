@@ -35,6 +35,8 @@ typedef struct {
 	char meta_path[4200];   /* "<root>/.metadata", for messages */
 	item_ref *items;
 	size_t nitems, cap_items;
+	const rs_pvalue *mcore_data;    /* megatron-core's, if any */
+	size_t flat_states;             /* optimizer.state.* unflattened */
 } reader;
 
 static int cmp_item(const void *a, const void *b)
@@ -312,6 +314,35 @@ static int check_tiling(reader *r, const rs_tensor *t)
 	return err == -ENOMEM ? err : err ? -EINVAL : 0;
 }
 
+/* A megatron-core flattened_range tensor (mcore_data names the shape it
+ * was reformulated from) made that shape (flat_range.c).  0 when t is
+ * none. */
+static int unflatten(reader *r, rs_tensor *t)
+{
+	const rs_pvalue *orig = rs_pv_get(rs_pv_get(r->mcore_data, t->name),
+					  "nd_reformulated_orig_global_shape");
+	uint64_t shape[RS_MAX_DIMS];
+	char why[200];
+	int ndim = 0, err;
+
+	if (!orig || rs_pv_kind(orig) == RS_PV_NONE)
+		return 0;
+	if (!rs_pv_dims(orig, shape, &ndim, RS_MAX_DIMS - 1)) {
+		rs_diag_add(r->d, "%s: %s: mcore_data's nd_reformulated_orig_global_shape is not a shape of at most %d axes",
+			    r->meta_path, t->name, RS_MAX_DIMS - 1);
+		return -EINVAL;
+	}
+	err = rs_torch_dist_unflatten(t, ndim, shape, why, sizeof(why));
+	if (err) {
+		rs_diag_add(r->d, "%s: %s: a megatron-core flattened_range tensor, but %s",
+			    r->meta_path, t->name, why);
+		return err == -ENOMEM ? err : -EINVAL;
+	}
+	if (strncmp(t->name, "optimizer.state.", 16) == 0)
+		r->flat_states++;
+	return 0;
+}
+
 static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 {
 	const rs_pvalue *chunks = rs_pv_get(meta, "chunks");
@@ -365,7 +396,7 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 		if (!rs_pv_dims(rs_pv_get(cs, "offsets"), f->box.off, &no, RS_MAX_DIMS) ||
 		    !rs_pv_dims(rs_pv_get(cs, "sizes"), f->box.len, &ns, RS_MAX_DIMS) ||
 		    no != ndim || ns != ndim) {
-			rs_diag_add(r->d, "%s: %s: chunk %zu is malformed or of another rank (mcore flattened_range items are not supported)",
+			rs_diag_add(r->d, "%s: %s: chunk %zu is malformed or of another rank",
 				    r->meta_path, fqn, c);
 			return -EINVAL;
 		}
@@ -386,6 +417,9 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 		if (err)
 			return err;
 	}
+	err = unflatten(r, t);
+	if (err)
+		return err;
 	/* Only a regular grid can be resharded; others keep their fragments
 	 * and are served as they are - if they tile the tensor: a plan fills
 	 * what no fragment holds with zeros, and two fragments of one place
@@ -426,26 +460,6 @@ static int read_blob(reader *r, const char *fqn)
 	return 0;
 }
 
-
-/* Old Megatron saved distributed-optimizer state as flattened_range items,
- * whose true N-d shape lives only in MCoreMetadata.mcore_data.  Serving
- * them as the flat tensors .metadata describes would be wrong, so refuse. */
-static int refuse_flattened(reader *r, const rs_pvalue *mcore_data)
-{
-	for (size_t i = 0; i < rs_pv_len(mcore_data); i++) {
-		const rs_pvalue *v = rs_pv_val(mcore_data, i);
-
-		if (rs_pv_get(v, "nd_reformulated_orig_global_shape") &&
-		    rs_pv_kind(rs_pv_get(v, "nd_reformulated_orig_global_shape")) != RS_PV_NONE) {
-			rs_diag_add(r->d, "%s: %s is a flattened_range tensor (old Megatron distributed optimizer); not supported",
-				    r->meta_path,
-				    rs_pv_str(rs_pv_key(mcore_data, i), NULL) ?
-					    rs_pv_str(rs_pv_key(mcore_data, i), NULL) : "?");
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
 
 /* state_dict_metadata keys: strs without NULs (see whole_str), each once.
  * Python keeps the last of two equal keys; the catalog would hold both and
@@ -527,9 +541,8 @@ int rs_torch_dist_read_metadata(rs_checkpoint *ck, const uint8_t *buf,
 		err = -EINVAL;
 		goto out;
 	}
-	err = refuse_flattened(&r, rs_pv_get(state, "mcore_data"));
-	if (!err)
-		err = read_storage(&r, rs_pv_get(state, "storage_data"));
+	r.mcore_data = rs_pv_get(state, "mcore_data");
+	err = read_storage(&r, rs_pv_get(state, "storage_data"));
 	if (!err)
 		err = check_names(&r, sdm);
 	for (size_t i = 0; i < rs_pv_len(sdm) && !err; i++) {
@@ -547,6 +560,8 @@ int rs_torch_dist_read_metadata(rs_checkpoint *ck, const uint8_t *buf,
 			err = read_tensor(&r, fqn, rs_pv_state(meta));
 		}
 	}
+	if (!err && r.flat_states)
+		err = rs_torch_dist_read_flat_state(ck, r.meta_path, d);
 	if (!err)
 		err = rs_torch_dist_read_distopt(ck, r.meta_path, d);
 out:

@@ -4,6 +4,7 @@
 #define RS_TORCH_DIST_INT_H
 
 #include "formats/checkpoint.h"
+#include "formats/codec/pickle.h"
 
 int rs_torch_dist_read(rs_checkpoint *ck, const rs_open_opts *o,
 		       rs_diag *d);
@@ -14,6 +15,36 @@ int rs_torch_dist_read(rs_checkpoint *ck, const rs_open_opts *o,
  * recomputed; -ENOMEM. */
 int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
 			       rs_diag *d);
+/* Tensor t, read as stored, made the N-d tensor of shape orig[0..ndim) a
+ * megatron-core flattened_range tensor was reformulated from (see
+ * flat_range.c): its fragments become boxes of that shape, the bytes they
+ * point at unchanged.  -EINVAL with the reason in why when the stored
+ * shape or a chunk does not fit that reformulation; -ENOMEM. */
+int rs_torch_dist_unflatten(rs_tensor *t, int ndim, const uint64_t *orig,
+			    char *why, size_t size);
+/* After flattened_range optimizer state was unflattened: its main params
+ * named as the fully_reshardable form names them and common.pt made to
+ * say that form.  0, -EINVAL (reason in d), -ENOMEM. */
+int rs_torch_dist_read_flat_state(rs_checkpoint *ck, const char *meta_path,
+				  rs_diag *d);
+
+/* What the view's common.pt adds to the optimizer's dict: key j
+ * (klen[j] bytes) with the one item of the list objs[j] holds. */
+#define RS_COMMON_MAX_ITEMS 16
+typedef struct {
+	size_t n;
+	const char *const *keys;
+	const size_t *klen;
+	rs_pickle *const *objs;
+} rs_common_items;
+/* Makes the view's common.pt (see common_pt.c): the source's, its
+ * optimizer's form (which must be `form`) and content_metadata's
+ * saying fully_reshardable, `items` (may be NULL) added to the
+ * optimizer's dict; the source's common.pt is hidden.  0, -EINVAL (reason
+ * in d), -ENOMEM. */
+int rs_torch_dist_make_common(rs_checkpoint *ck, rs_diag *d, const char *form,
+			      const rs_common_items *items);
+
 /* Any checkpoint as torch_dist (see view.c for what it holds and who owns
  * which chunk). */
 int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,

@@ -1,0 +1,196 @@
+/* The view's common.pt for a distributed-optimizer state read as model-space
+ * tensors (docs/FORMATS.md, "Distributed optimizer"): megatron-core loads
+ * that state at any layout only as the fully_reshardable form, and asks
+ * for the form common.pt records.  So the source's common.pt is copied
+ * with its optimizer's param_state_sharding_type (and content_metadata's
+ * distrib_optim_sharding_type, where there is one) saying
+ * fully_reshardable, plus the items the caller brings; the source's
+ * common.pt is hidden behind the made one.
+ */
+#include "formats/torch_dist/torch_dist_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/codec/pickle.h"
+#include "formats/codec/torch_object.h"
+#include "formats/codec/torchzip.h"
+
+#define COMMON_PKL_MAX (64u << 20)
+
+/* Writes the start of a dict and d's items but those keyed skip[0] or
+ * skip[1] (may be NULL; the caller adds items and ends it). */
+static int copy_dict_but(rs_pwriter *w, const rs_pvalue *d,
+			 const char *const skip[2], char *msg, size_t size)
+{
+	int err = 0;
+
+	rs_pw_dict_begin(w);
+	for (size_t j = 0; j < rs_pv_len(d) && !err; j++) {
+		if (rs_pv_str_is(rs_pv_key(d, j), skip[0]) ||
+		    (skip[1] && rs_pv_str_is(rs_pv_key(d, j), skip[1])))
+			continue;
+		err = rs_pw_value(w, rs_pv_key(d, j), rs_megatron_copy_allow,
+				  rs_megatron_members, msg, size);
+		if (!err)
+			err = rs_pw_value(w, rs_pv_val(d, j), rs_megatron_copy_allow,
+					  rs_megatron_members, msg, size);
+	}
+	return err;
+}
+
+/* common.pt's data.pkl, parsed. */
+static int read_common(rs_checkpoint *ck, const rs_entry *common,
+		       rs_diag *d, rs_pickle **top)
+{
+	char perr[RS_ZIP_MSG_SIZE];
+	const rs_zip_entry *pe;
+	rs_pickle_limits lim;
+	rs_zip z = { 0 };
+	uint8_t *buf = NULL;
+	int fd, err;
+
+	err = rs_sources_fd(ck->sources, common->source, &fd);
+	if (!err)
+		err = rs_zip_open(&z, fd, 0,
+				  rs_sources_id(ck->sources, common->source)->size,
+				  perr, sizeof(perr));
+	pe = err ? NULL : rs_zip_find(&z, "data.pkl");
+	if (!pe || pe->size > COMMON_PKL_MAX ||
+	    !(buf = malloc(pe->size ? pe->size : 1)) ||
+	    rs_pread_full(fd, buf, pe->size, pe->offset) != 0) {
+		rs_diag_add(d, "%s/common.pt: not a torch.save file", ck->dir_path);
+		err = -EINVAL;
+		goto out;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = rs_megatron_allow;
+	lim.torch_persids = true;
+	err = rs_pickle_parse(buf, pe->size, &lim, top, perr, sizeof(perr));
+	if (err) {
+		rs_diag_add(d, "%s/common.pt: %s", ck->dir_path, perr);
+		err = -EINVAL;
+	} else if (rs_pv_kind(rs_pickle_root(*top)) != RS_PV_DICT) {
+		rs_diag_add(d, "%s/common.pt: not a dict", ck->dir_path);
+		err = -EINVAL;
+	}
+out:
+	free(buf);
+	rs_zip_free(&z);
+	return err;
+}
+
+/* What the made common.pt drops. */
+static const char *const content_skip[2] = { "distrib_optim_sharding_type", NULL };
+static const char *const optimizer_skip[2] = { "param_state_sharding_type", "param_state" };
+
+/* The root dict copied, the optimizer's form and content_metadata's
+ * rewritten, `items` added to the optimizer dict.  The optimizer's
+ * param_state is left out, as megatron-core's own fully_reshardable
+ * common.pt has none: all it holds after the save took the sharded
+ * tensors out is per-param leftovers (torch AdamW's 0-d steps, which the
+ * load takes from the param groups) indexed in the source's DP layout. */
+static int write_common(rs_pwriter *w, const rs_pvalue *root,
+			const rs_common_items *items, char *msg, size_t size)
+{
+	const rs_pvalue *old = rs_pv_get(root, "optimizer");
+	const rs_pvalue *content = rs_pv_get(root, "content_metadata");
+	int err = 0;
+
+	rs_pw_dict_begin(w);
+	for (size_t i = 0; i < rs_pv_len(root) && !err; i++) {
+		const rs_pvalue *v = rs_pv_val(root, i);
+
+		err = rs_pw_value(w, rs_pv_key(root, i), rs_megatron_copy_allow,
+				  rs_megatron_members, msg, size);
+		if (err)
+			break;
+		if (v == content && rs_pv_kind(v) == RS_PV_DICT) {
+			err = copy_dict_but(w, v, content_skip, msg, size);
+			rs_pw_cstr(w, "distrib_optim_sharding_type");
+			rs_pw_cstr(w, "fully_reshardable");
+			rs_pw_dict_end(w);
+			continue;
+		}
+		if (v != old) {
+			err = rs_pw_value(w, v, rs_megatron_copy_allow,
+					  rs_megatron_members, msg, size);
+			continue;
+		}
+		err = copy_dict_but(w, old, optimizer_skip, msg, size);
+		for (size_t j = 0; items && j < items->n && !err; j++) {
+			rs_pw_str(w, items->keys[j], items->klen[j]);
+			err = rs_pw_value(w, rs_pv_item(rs_pickle_root(items->objs[j]), 0),
+					  rs_megatron_copy_allow, rs_megatron_members,
+					  msg, size);
+		}
+		rs_pw_cstr(w, "param_state_sharding_type");
+		rs_pw_cstr(w, "fully_reshardable");
+		rs_pw_dict_end(w);
+	}
+	rs_pw_dict_end(w);
+	return err;
+}
+
+int rs_torch_dist_make_common(rs_checkpoint *ck, rs_diag *d, const char *form,
+			      const rs_common_items *items)
+{
+	rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
+	rs_pickle *top = NULL;
+	uint8_t *pkl = NULL;
+	size_t plen = 0;
+	char msg[200];
+	rs_made_file *made;
+	rs_pwriter w;
+	int err;
+
+	if (!common || common->is_dir) {
+		rs_diag_add(d, "%s/common.pt: missing; a %s checkpoint keeps the optimizer's sharding type there",
+			    ck->dir_path, form);
+		return -EINVAL;
+	}
+	err = read_common(ck, common, d, &top);
+	if (err)
+		goto out;
+	if (!rs_pv_str_is(rs_pv_get(rs_pv_get(rs_pickle_root(top), "optimizer"),
+				    "param_state_sharding_type"), form)) {
+		rs_diag_add(d, "%s/common.pt: its optimizer's param_state_sharding_type is not '%s', but .metadata holds %s state",
+			    ck->dir_path, form, form);
+		err = -EINVAL;
+		goto out;
+	}
+	rs_pw_init(&w, 2);
+	err = write_common(&w, rs_pickle_root(top), items, msg, sizeof(msg));
+	if (err) {
+		rs_pw_free(&w);
+		rs_diag_add(d, "%s/common.pt: cannot be rewritten for the view: %s",
+			    ck->dir_path, msg);
+		err = -EINVAL;
+		goto out;
+	}
+	err = rs_pw_finish(&w, &pkl, &plen);
+	if (err)
+		goto out;
+	made = realloc(ck->made, (ck->nmade + 1) * sizeof(*made));
+	if (!made) {
+		err = -ENOMEM;
+		goto out;
+	}
+	ck->made = made;
+	memset(&ck->made[ck->nmade], 0, sizeof(*ck->made));
+	ck->made[ck->nmade].name = strdup("common.pt");
+	if (!ck->made[ck->nmade].name) {
+		err = -ENOMEM;
+		goto out;
+	}
+	err = rs_torch_object_make(pkl, plen, &ck->made[ck->nmade].bytes,
+				   &ck->made[ck->nmade].len);
+	ck->nmade++;
+	if (!err)
+		common->hidden = true;
+out:
+	free(pkl);
+	rs_pickle_free(top);
+	return err;
+}
