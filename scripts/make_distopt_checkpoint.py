@@ -77,7 +77,8 @@ def _torch_adamw_patches():
     (the step is in the param groups, saved anyway), so drop it from the
     bucket state and restore only the tensors the checkpoint has."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DO
-    orig_get = DO.get_parameter_state_dp_reshardable
+    # megatron-core 0.13 has no dp_reshardable form.
+    orig_get = getattr(DO, "get_parameter_state_dp_reshardable", None)
 
     def get(self):
         state = orig_get(self)
@@ -88,7 +89,8 @@ def _torch_adamw_patches():
                         for t in bucket:
                             t.pop("step", None)
         return state
-    DO.get_parameter_state_dp_reshardable = get
+    if orig_get:
+        DO.get_parameter_state_dp_reshardable = get
     orig_set = DO._set_main_param_and_optimizer_states
 
     def set_states(self, model_param, tensors):

@@ -55,7 +55,7 @@ int rs_torch_dist_unflatten(rs_tensor *t, int ndim, const uint64_t *orig,
 		numel *= shard[i];
 	}
 	if (numel != t->shape[ndim]) {
-		snprintf(why, size, "its shards hold %llu elements, but its stored flat axis is %llu long",
+		snprintf(why, size, "its shards would hold %llu elements and its stored flat axis is %llu long",
 			 (unsigned long long)numel,
 			 (unsigned long long)t->shape[ndim]);
 		return -EINVAL;

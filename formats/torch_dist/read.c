@@ -428,6 +428,84 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 	return check_tiling(r, t);
 }
 
+/* Model tensors by name, for unflatten_by_model. */
+typedef struct {
+	const char *name;
+	size_t index;
+} named;
+
+static int cmp_named(const void *a, const void *b)
+{
+	return strcmp(((const named *)a)->name, ((const named *)b)->name);
+}
+
+/* Whether t is stored as megatron-core reformulates a flattened_range
+ * state of model tensor m: m's grid counts, then one axis of m's chunk
+ * volume.  The fully_sharded_model_space state is m's sharded tensor with
+ * a flat range, so it has m's shape and m's cut. */
+static bool reformulates(const rs_tensor *t, const rs_tensor *m)
+{
+	uint64_t numel = 1;
+
+	if (!m->regular || m->ndim + 1 != t->ndim)
+		return false;
+	for (int i = 0; i < m->ndim; i++) {
+		if (t->shape[i] != m->grid_count[i] ||
+		    m->grid[i] * m->grid_count[i] != m->shape[i])
+			return false;
+		numel *= m->grid[i];    /* <= the checked size of m */
+	}
+	return t->shape[m->ndim] == numel;
+}
+
+/* megatron-core 0.13 under torch releases whose DCP writer rebuilds the
+ * Metadata (dataclasses.replace) saves no mcore_data: its
+ * fully_sharded_model_space state is then known only by its stored shape.
+ * An optimizer.state.<state>.<key> tensor stored as the reformulation of
+ * model tensor <key> (reformulates()) is taken as one; nothing else is.
+ * Runs only when .metadata has no mcore_data at all. */
+static int unflatten_by_model(reader *r)
+{
+	static const char prefix[] = "optimizer.state.";
+	rs_catalog *c = &r->ck->catalog;
+	named *idx = malloc((c->count ? c->count : 1) * sizeof(*idx));
+	size_t n = 0;
+	char why[200];
+	int err = 0;
+
+	if (!idx)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->count; i++)
+		if (strncmp(c->tensors[i].name, prefix, strlen(prefix)) != 0)
+			idx[n++] = (named){ c->tensors[i].name, i };
+	qsort(idx, n, sizeof(*idx), cmp_named);
+	for (size_t i = 0; i < c->count && !err; i++) {
+		rs_tensor *t = &c->tensors[i];
+		const char *key = strchr(t->name + strlen(prefix), '.');
+		named want, *hit;
+
+		if (strncmp(t->name, prefix, strlen(prefix)) != 0 || !key)
+			continue;
+		want.name = key + 1;
+		hit = bsearch(&want, idx, n, sizeof(*idx), cmp_named);
+		if (!hit || !reformulates(t, &c->tensors[hit->index]))
+			continue;
+		err = rs_torch_dist_unflatten(t, c->tensors[hit->index].ndim,
+					      c->tensors[hit->index].shape, why,
+					      sizeof(why));
+		if (err) {
+			rs_diag_add(r->d, "%s: %s: stored as a megatron-core flattened_range tensor of %s, but %s",
+				    r->meta_path, t->name, want.name, why);
+			break;
+		}
+		r->flat_states++;
+		rs_tensor_make_regular(t);
+		err = check_tiling(r, t);
+	}
+	free(idx);
+	return err == -ENOMEM ? err : err ? -EINVAL : 0;
+}
+
 static int read_blob(reader *r, const char *fqn)
 {
 	const item_ref *it = find_item(r, fqn, -1, NULL);
@@ -560,6 +638,8 @@ int rs_torch_dist_read_metadata(rs_checkpoint *ck, const uint8_t *buf,
 			err = read_tensor(&r, fqn, rs_pv_state(meta));
 		}
 	}
+	if (!err && (!r.mcore_data || rs_pv_kind(r.mcore_data) == RS_PV_NONE))
+		err = unflatten_by_model(&r);
 	if (!err && r.flat_states)
 		err = rs_torch_dist_read_flat_state(ck, r.meta_path, d);
 	if (!err)

@@ -1,6 +1,7 @@
 """The torch/megatron-core side of the tests: scripts run in .venv-mcore
 (it needs numpy<2 and torch), and the skip marker for when it is absent or
 its torch or megatron-core does not import."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -35,11 +36,20 @@ MISSING = _missing()
 needs_mcore = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
-def run_py(*args):
-    """Runs .venv-mcore's python with args; fails the test on an error."""
+# megatron-core 0.13.1 beside 0.15.3 (scripts/setup, requirements-mcore13.txt).
+MCORE13 = REPO / ".venv-mcore" / "mcore-0.13.1"
+needs_mcore13 = pytest.mark.skipif(
+    not (MCORE13 / "megatron" / "core").is_dir(),
+    reason=f"{MCORE13} missing: scripts/setup installs megatron-core 0.13.1 there")
+
+
+def run_py(*args, mcore=None):
+    """Runs .venv-mcore's python with args (megatron-core from the folder
+    `mcore` when given); fails the test on an error."""
+    env = dict(os.environ, PYTHONPATH=str(mcore)) if mcore else None
     r = subprocess.run([str(MCORE_PY), *map(str, args)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-4000:]
     return r.stdout
 

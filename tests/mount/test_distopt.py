@@ -2,15 +2,17 @@
 
 megatron-core 0.15.3 trains a tiny bf16 GPTModel two steps at tp=2, dp=2 on
 CPU over gloo and saves it with its DistributedOptimizer in each form
-(scripts/make_distopt_checkpoint.py). Then its DistributedOptimizer loads a
-view at tp 1 and 4, and what it holds (fp32 main params, exp_avg,
-exp_avg_sq, steps) must equal, value for value, what it holds after loading
-the fully_reshardable save of the same run at that TP by itself.
+(scripts/make_distopt_checkpoint.py); megatron-core 0.13.1 runs the same
+training and saves its flattened_range form. Then 0.15.3's
+DistributedOptimizer loads a view at tp 1 and 4, and what it holds (fp32
+main params, exp_avg, exp_avg_sq, steps) must equal, value for value, what
+it holds after loading the fully_reshardable save of the same run at that
+TP by itself.
 """
 
 import pytest
 
-from mcore import REPO, needs_mcore, run_py
+from mcore import MCORE13, REPO, needs_mcore, needs_mcore13, run_py
 from test_bad_input import assert_refused
 from test_torch_dist import _copy, _rewrite_metadata
 
@@ -24,8 +26,22 @@ def distopt(tmp_path_factory):
     saved, and a cache of megatron-core's own loads."""
     base = tmp_path_factory.mktemp("distopt")
     run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4, "--forms",
-           "fully_reshardable,dp_reshardable,dp_reshardable:fully_parallel",
+           "fully_reshardable,dp_reshardable,dp_reshardable:fully_parallel,"
+           "fully_sharded_model_space,fully_sharded_model_space:fully_parallel",
            "--dump", base / "saved.pt")
+    return base
+
+
+@pytest.fixture(scope="module")
+def distopt13(tmp_path_factory):
+    """The same run under megatron-core 0.13.1, saved in its default form
+    (fully_sharded_model_space: flattened_range pieces), plainly and fully
+    parallel.  Its .metadata has no mcore_data (see
+    requirements-mcore13.txt)."""
+    base = tmp_path_factory.mktemp("distopt13")
+    run_py(SCRIPT, "save", base, "--tp", 2, "--world", 4, "--forms",
+           "fully_sharded_model_space,fully_sharded_model_space:fully_parallel",
+           "--dump", base / "saved.pt", mcore=MCORE13)
     return base
 
 
@@ -70,13 +86,49 @@ def test_oracle_loads_what_was_saved(distopt):
 
 # dp_reshardable_fully_parallel: Megatron-LM's default save, whose
 # .metadata lists keys out of module order (ranks write shares).
-@pytest.mark.parametrize("form", ["fully_reshardable", "dp_reshardable",
-                                  "dp_reshardable_fully_parallel"])
+# fully_sharded_model_space: 0.15.3's flattened_range pieces, with the
+# shapes they were cut from in mcore_data.
+@pytest.mark.parametrize("form", [
+    "fully_reshardable", "dp_reshardable", "dp_reshardable_fully_parallel",
+    "fully_sharded_model_space", "fully_sharded_model_space_fully_parallel"])
 @pytest.mark.parametrize("tp", [1, 4])
 def test_view_resumes_at_new_tp(distopt, mount, tmp_path, form, tp):
     m = mount(distopt / form, [f"tp={tp}"])
     got = load(m.mnt, tp, tmp_path / "view.pt")
     assert_same_states(got, direct(distopt, tp))
+
+
+@needs_mcore13
+def test_013_trains_as_015(distopt, distopt13):
+    """megatron-core 0.13.1 and 0.15.3 hold the same optimizer state after
+    the same training: 0.15.3's own loads are the oracle for 0.13's saves."""
+    assert_same_states(distopt13 / "saved.pt", distopt / "saved.pt")
+
+
+@needs_mcore13
+@pytest.mark.parametrize("form", ["fully_sharded_model_space",
+                                  "fully_sharded_model_space_fully_parallel"])
+@pytest.mark.parametrize("tp", [1, 4])
+def test_013_flattened_range_resumes_at_new_tp(distopt, distopt13, mount,
+                                               tmp_path, form, tp):
+    """0.13's flattened_range state, whose shapes only the model tensors
+    tell, through a view 0.15.3 loads at a new TP."""
+    m = mount(distopt13 / form, [f"tp={tp}"])
+    got = load(m.mnt, tp, tmp_path / "view.pt")
+    assert_same_states(got, direct(distopt, tp))
+
+
+def test_flattened_range_wrong_shape_refused(distopt, failing_mount, tmp_path):
+    """An mcore_data shape the stored reformulation does not fit: refused,
+    naming the tensor, not served as some other cut."""
+    src = _copy(distopt / "fully_sharded_model_space", tmp_path / "bad_shape")
+    k = "optimizer.state.exp_avg.decoder.final_layernorm.weight"
+    _rewrite_metadata(src, f"""
+md.mcore_data[{k!r}]["nd_reformulated_orig_global_shape"] = (63,)
+""")
+    rc, err = failing_mount(src, ["tp=1"])
+    assert_refused(rc, err, ".metadata", k, "flattened_range",
+                   "its shards would hold 63 elements")
 
 
 def test_gated_three_buckets(gated, mount, tmp_path):
@@ -87,6 +139,18 @@ def test_gated_three_buckets(gated, mount, tmp_path):
     want = load(gated / "one" / "fully_reshardable", 4,
                 tmp_path / "direct.pt", "--swiglu")
     m = mount(gated / "three" / "dp_reshardable", ["tp=4"])
+    assert_same_states(load(m.mnt, 4, tmp_path / "view.pt", "--swiglu"), want)
+
+
+@needs_mcore13
+def test_013_gated_three_buckets(gated, mount, tmp_path):
+    """0.13's flattened_range pieces of a gated fc1 over three buckets, cut
+    by DP shards, become boxes of each half of [W; V] at tp 4."""
+    want = load(gated / "one" / "fully_reshardable", 4,
+                tmp_path / "direct.pt", "--swiglu")
+    run_py(SCRIPT, "save", tmp_path / "three13", "--swiglu", "--buckets", 3,
+           "--forms", "fully_sharded_model_space", mcore=MCORE13)
+    m = mount(tmp_path / "three13" / "fully_sharded_model_space", ["tp=4"])
     assert_same_states(load(m.mnt, 4, tmp_path / "view.pt", "--swiglu"), want)
 
 
