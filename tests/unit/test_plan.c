@@ -344,6 +344,59 @@ static void test_vtree_names(void)
 	rs_vtree_free(&t);
 }
 
+/* rs_frag_list_add_flat: every flat range [a, b) of a [3, 4, 5] box at a
+ * global origin, its elements each in exactly one box, each box's byte
+ * offsets those of C-order flat indices (the oracle: the index computed
+ * from the coordinates), at most 2 * ndim - 1 boxes. */
+static void test_flat_range(void)
+{
+	const uint64_t len[] = { 3, 4, 5 }, base[] = { 6, 0, 10 };
+	const uint64_t numel = 60, origin = 1000, step = 3;
+	const unsigned esize = 2;
+	rs_fragment first = { 0 };
+
+	first.source = 4;
+	first.stride[0] = step;
+	for (uint64_t a = 0; a <= numel; a++)
+		for (uint64_t b = a; b <= numel; b++) {
+			rs_frag_list fl = { 0 };
+			int seen[60] = { 0 };
+			bool ok = true;
+
+			/* element 0 sits a elements before the first one held */
+			first.offset = origin - a * step * esize;
+			CHECK(rs_frag_list_add_flat(&fl, &first, esize, 3, base, len,
+						    a, b) == 0);
+			CHECK(fl.n <= 5);
+			for (size_t k = 0; k < fl.n; k++) {
+				const rs_fragment *f = &fl.v[k];
+
+				ok &= f->source == 4 && f->box.ndim == 3;
+				for (uint64_t i = 0; i < f->box.len[0]; i++)
+					for (uint64_t j = 0; j < f->box.len[1]; j++)
+						for (uint64_t m = 0; m < f->box.len[2]; m++) {
+							uint64_t x = f->box.off[0] + i - base[0];
+							uint64_t y = f->box.off[1] + j - base[1];
+							uint64_t z = f->box.off[2] + m - base[2];
+							uint64_t flat = (x * 4 + y) * 5 + z;
+							uint64_t at = f->offset +
+								(i * f->stride[0] + j * f->stride[1] +
+								 m * f->stride[2]) * esize;
+
+							ok &= x < 3 && y < 4 && z < 5;
+							if (flat >= numel)
+								continue;
+							seen[flat]++;
+							ok &= at == origin + (flat - a) * step * esize;
+						}
+			}
+			for (uint64_t e = 0; e < numel; e++)
+				ok &= seen[e] == (e >= a && e < b);
+			CHECK(ok);
+			free(fl.v);
+		}
+}
+
 int main(void)
 {
 	fixture f;
@@ -352,6 +405,7 @@ int main(void)
 	test_make_regular();
 	test_check_tiling();
 	test_vtree_names();
+	test_flat_range();
 
 	srand(7);
 	{ /* column-parallel split tp2 -> tp8: contiguous ranges only */
