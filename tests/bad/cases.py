@@ -974,8 +974,9 @@ def _(md, d, ctx):
     ch[1] = ch[0]
 
 
-@td_case("td_flattened_range", "mcore_data marks a tensor as an old "
-         "flattened_range item", one(".metadata", FC1, "flattened_range"))
+@td_case("td_flattened_range", "mcore_data gives a tensor a "
+         "flattened_range shape (2, 3) its stored shape is no reformulation of",
+         one(".metadata", FC1, "flattened_range", "is not cut into"))
 def _(md, d, ctx):
     md.state["mcore_data"] = {FC1: {"nd_reformulated_orig_global_shape":
                                     (2, 3)}}

@@ -233,13 +233,15 @@ def test_unknown_global(mcore_dist, failing_mount, tmp_path):
     assert_refused(rc, err, ".metadata", "system")
 
 
-def test_flattened_range_refused(mcore_dist, failing_mount, tmp_path):
+def test_flattened_range_misfit_refused(mcore_dist, failing_mount, tmp_path):
+    """A flattened_range shape in mcore_data that the stored tensor is no
+    reformulation of: refused, not served as some other cut."""
     ck = _copy(mcore_dist, tmp_path / "ck")
     key = "decoder.layers.mlp.linear_fc1.weight"
     _rewrite_metadata(ck, "md.mcore_data = {%r: "
                           "{'nd_reformulated_orig_global_shape': (2, 3)}}" % key)
     rc, err = failing_mount(ck, ["tp=1"])
-    assert_refused(rc, err, ".metadata", key, "flattened_range")
+    assert_refused(rc, err, ".metadata", key, "flattened_range", "is not cut into")
 
 
 def test_truncated_distcp(mcore_dist, failing_mount, tmp_path):
