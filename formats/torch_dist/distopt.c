@@ -33,7 +33,6 @@
 #include <string.h>
 
 #include "formats/codec/pickle.h"
-#include "formats/codec/torch_object.h"
 #include "formats/codec/torchzip.h"
 #include "formats/checkpoint.h"
 #include "planner/array.h"
