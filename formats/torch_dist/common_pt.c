@@ -5,11 +5,14 @@
  * with its optimizer's param_state_sharding_type (and content_metadata's
  * distrib_optim_sharding_type, where there is one) saying
  * fully_reshardable, plus the items the caller brings; the source's
- * common.pt is hidden behind the made one.
+ * common.pt is hidden behind the made one.  The torch.save'd pickles
+ * that step reads (common.pt, the dp_reshardable records) are read by
+ * rs_torch_dist_read_pkl here.
  */
 #include "formats/torch_dist/torch_dist_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +20,9 @@
 #include "formats/codec/torch_object.h"
 #include "formats/codec/torchzip.h"
 
-#define COMMON_PKL_MAX (64u << 20)
+/* A common.pt or optimizer record of a large run holds param groups and
+ * small objects: a few MB at most. */
+#define PKL_MAX (64u << 20)
 
 /* Writes the start of a dict and d's items but those keyed skip[0] or
  * skip[1] (may be NULL; the caller adds items and ends it). */
@@ -40,9 +45,9 @@ static int copy_dict_but(rs_pwriter *w, const rs_pvalue *d,
 	return err;
 }
 
-/* common.pt's data.pkl, parsed. */
-static int read_common(rs_checkpoint *ck, const rs_entry *common,
-		       rs_diag *d, rs_pickle **top)
+int rs_torch_dist_read_pkl(rs_checkpoint *ck, uint32_t source, uint64_t offset,
+			   uint64_t length, bool tensors, rs_pickle **pk,
+			   char *msg, size_t size)
 {
 	char perr[RS_ZIP_MSG_SIZE];
 	const rs_zip_entry *pe;
@@ -51,29 +56,29 @@ static int read_common(rs_checkpoint *ck, const rs_entry *common,
 	uint8_t *buf = NULL;
 	int fd, err;
 
-	err = rs_sources_fd(ck->sources, common->source, &fd);
+	err = rs_sources_fd(ck->sources, source, &fd);
 	if (!err)
-		err = rs_zip_open(&z, fd, 0,
-				  rs_sources_id(ck->sources, common->source)->size,
-				  perr, sizeof(perr));
-	pe = err ? NULL : rs_zip_find(&z, "data.pkl");
-	if (!pe || pe->size > COMMON_PKL_MAX ||
+		err = rs_zip_open(&z, fd, offset, length, perr, sizeof(perr));
+	if (err) {
+		snprintf(msg, size, "not a torch.save zip");
+		err = -EINVAL;
+		goto out;
+	}
+	pe = rs_zip_find(&z, "data.pkl");
+	if (!pe || pe->size > PKL_MAX ||
 	    !(buf = malloc(pe->size ? pe->size : 1)) ||
-	    rs_pread_full(fd, buf, pe->size, pe->offset) != 0) {
-		rs_diag_add(d, "%s/common.pt: not a torch.save file", ck->dir_path);
+	    rs_pread_full(fd, buf, pe->size, offset + pe->offset) != 0) {
+		snprintf(msg, size, "no readable data.pkl");
 		err = -EINVAL;
 		goto out;
 	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_megatron_allow;
-	lim.torch_persids = true;
-	err = rs_pickle_parse(buf, pe->size, &lim, top, perr, sizeof(perr));
+	lim.torch_persids = tensors;
+	err = rs_pickle_parse(buf, pe->size, &lim, pk, perr, sizeof(perr));
 	if (err) {
-		rs_diag_add(d, "%s/common.pt: %s", ck->dir_path, perr);
-		err = -EINVAL;
-	} else if (rs_pv_kind(rs_pickle_root(*top)) != RS_PV_DICT) {
-		rs_diag_add(d, "%s/common.pt: not a dict", ck->dir_path);
-		err = -EINVAL;
+		snprintf(msg, size, "%s", perr);
+		err = err == -ENOMEM ? err : -EINVAL;
 	}
 out:
 	free(buf);
@@ -150,9 +155,18 @@ int rs_torch_dist_make_common(rs_checkpoint *ck, rs_diag *d, const char *form,
 			    ck->dir_path, form);
 		return -EINVAL;
 	}
-	err = read_common(ck, common, d, &top);
-	if (err)
+	err = rs_torch_dist_read_pkl(ck, common->source, 0,
+				     rs_sources_id(ck->sources, common->source)->size,
+				     true, &top, msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(d, "%s/common.pt: %s", ck->dir_path, msg);
 		goto out;
+	}
+	if (rs_pv_kind(rs_pickle_root(top)) != RS_PV_DICT) {
+		rs_diag_add(d, "%s/common.pt: not a dict", ck->dir_path);
+		err = -EINVAL;
+		goto out;
+	}
 	if (!rs_pv_str_is(rs_pv_get(rs_pv_get(rs_pickle_root(top), "optimizer"),
 				    "param_state_sharding_type"), form)) {
 		rs_diag_add(d, "%s/common.pt: its optimizer's param_state_sharding_type is not '%s', but .metadata holds %s state",

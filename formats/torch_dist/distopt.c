@@ -44,7 +44,6 @@
 #define MAX_GBUFS 8
 #define PARAM_ALIGN 64          /* elements (docs/FORMATS.md) */
 #define MAX_CANDIDATES 512      /* params tried for one place */
-#define OBJECT_PKL_MAX (64u << 20)
 
 /* One bucket tensor, by its parsed name. */
 typedef struct {
@@ -886,47 +885,6 @@ static int build_states(distopt *o)
 	return err;
 }
 
-/* A torch.save'd [object] blob's data.pkl, parsed. */
-static int read_object(distopt *o, const rs_blob *b, rs_pickle **pk)
-{
-	char msg[RS_ZIP_MSG_SIZE];
-	const rs_zip_entry *pe;
-	rs_pickle_limits lim;
-	rs_zip z = { 0 };
-	uint8_t *buf = NULL;
-	int fd, err;
-
-	err = rs_sources_fd(o->ck->sources, b->source, &fd);
-	if (!err)
-		err = rs_zip_open(&z, fd, b->offset, b->length, msg, sizeof(msg));
-	if (err) {
-		rs_diag_add(o->d, "%s: %s: not a torch.save zip", o->meta_path,
-			    b->fqn);
-		err = -EINVAL;
-		goto out;
-	}
-	pe = rs_zip_find(&z, "data.pkl");
-	if (!pe || pe->size > OBJECT_PKL_MAX ||
-	    !(buf = malloc(pe->size ? pe->size : 1)) ||
-	    rs_pread_full(fd, buf, pe->size, b->offset + pe->offset) != 0) {
-		rs_diag_add(o->d, "%s: %s: no readable data.pkl", o->meta_path,
-			    b->fqn);
-		err = -EINVAL;
-		goto out;
-	}
-	rs_pickle_limits_default(&lim);
-	lim.allow = rs_megatron_allow;
-	err = rs_pickle_parse(buf, pe->size, &lim, pk, msg, sizeof(msg));
-	if (err) {
-		rs_diag_add(o->d, "%s: %s: %s", o->meta_path, b->fqn, msg);
-		err = -EINVAL;
-	}
-out:
-	free(buf);
-	rs_zip_free(&z);
-	return err;
-}
-
 /* The view's common.pt: the optimizer's param groups (and grad scaler)
  * from group 0's records, the form fully_reshardable. */
 static int make_common(distopt *o)
@@ -935,6 +893,7 @@ static int make_common(distopt *o)
 	rs_pickle *objs[RS_COMMON_MAX_ITEMS] = { 0 };
 	const char *keys[RS_COMMON_MAX_ITEMS];
 	size_t nobjs = 0, klen[RS_COMMON_MAX_ITEMS];
+	char msg[RS_ZIP_MSG_SIZE];
 	int err = 0;
 
 	for (size_t i = 0; i < o->ck->nblobs && !err; i++) {
@@ -953,7 +912,11 @@ static int make_common(distopt *o)
 		}
 		keys[nobjs] = k;
 		klen[nobjs] = (size_t)(slash - k);
-		err = read_object(o, b, &objs[nobjs]);
+		err = rs_torch_dist_read_pkl(o->ck, b->source, b->offset,
+					     b->length, false, &objs[nobjs],
+					     msg, sizeof(msg));
+		if (err)
+			rs_diag_add(o->d, "%s: %s: %s", o->meta_path, b->fqn, msg);
 		if (!err && (rs_pv_kind(rs_pickle_root(objs[nobjs])) != RS_PV_LIST ||
 			     rs_pv_len(rs_pickle_root(objs[nobjs])) != 1)) {
 			rs_diag_add(o->d, "%s: %s: not a one-item list",
