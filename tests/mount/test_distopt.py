@@ -118,6 +118,25 @@ def test_013_flattened_range_resumes_at_new_tp(distopt, distopt13, mount,
     assert_same_states(got, direct(distopt, tp))
 
 
+@needs_mcore13
+def test_013_with_mcore_data(distopt, distopt13, mount, tmp_path):
+    """0.13 under a torch whose DCP writer pickles the Metadata it is given:
+    the attribute 0.13's planner sets (plain Metadata, not 0.15's
+    MCoreMetadata) names the shapes.  Made by setting it, as that planner
+    does, on a copy of the 0.13.1 save."""
+    src = _copy(distopt13 / "fully_sharded_model_space", tmp_path / "with_md")
+    _rewrite_metadata(src, """
+sdm = md.state_dict_metadata
+assert type(md).__name__ == "Metadata" and not hasattr(md, "mcore_data")
+md.mcore_data = {k: ({"nd_reformulated_orig_global_shape":
+                      tuple(sdm[k.split(".", 3)[3]].size)}
+                     if k.startswith("optimizer.state.") else {})
+                 for k in sdm if hasattr(sdm[k], "chunks")}
+""")
+    m = mount(src, ["tp=4"])
+    assert_same_states(load(m.mnt, 4, tmp_path / "view.pt"), direct(distopt, 4))
+
+
 def test_flattened_range_wrong_shape_refused(distopt, failing_mount, tmp_path):
     """An mcore_data shape the stored reformulation does not fit: refused,
     naming the tensor, not served as some other cut."""
