@@ -3,19 +3,24 @@
 load one back and dump what the optimizer then holds.
 
   save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--swiglu]
-           [--dump FILE]
+           [--dump FILE] [--layers 2 --hidden 64 --ffn 256 --heads 4
+           --vocab 128]
       trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
       model + optimizer as OUT/<form> for every form (torch_dist; a form
       written FORM:fully_parallel is saved as Megatron-LM's default
       --ckpt-fully-parallel-save does, into OUT/FORM_fully_parallel); --dump
       writes what the optimizer holds then, as load does.
   load CKPT --form F --tp T [--world W] [--swiglu] --dump FILE
+       [--timing FILE] (and the size options save took)
       builds the same model at tp T, loads model + optimizer from CKPT asking
       for the form its common.pt names (as Megatron-LM does; F when it names
       none), and writes FILE: for every rank and parameter, the fp32
       main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
       the model weights of that shard and the param groups' steps
-      (torch.save of a list of per-rank dicts).
+      (torch.save of a list of per-rank dicts).  --timing FILE writes
+      the seconds of the load itself (dist_checkpointing.load and the
+      optimizer's load_state_dict, barrier to barrier) as JSON; with it,
+      --dump may be left out.
   compare GOT WANT
       fails unless two dumps hold the same values, WANT's being trained.
 
@@ -30,6 +35,7 @@ load does not expect), so tests use one bucket as the oracle's layout.
 """
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -104,7 +110,10 @@ def _torch_adamw_patches():
     DO._set_main_param_and_optimizer_states = set_states
 
 
-def build(tp, buckets, swiglu=False):
+SIZE = dict(layers=2, hidden=64, ffn=256, heads=4, vocab=128)
+
+
+def build(tp, buckets, swiglu=False, size=SIZE):
     import torch
     from megatron.core import tensor_parallel
     from megatron.core.distributed import (DistributedDataParallel,
@@ -117,7 +126,8 @@ def build(tp, buckets, swiglu=False):
 
     torch.manual_seed(1234)
     cfg = TransformerConfig(
-        num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        num_layers=size["layers"], hidden_size=size["hidden"],
+        ffn_hidden_size=size["ffn"], num_attention_heads=size["heads"],
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         params_dtype=torch.bfloat16, bf16=True, sequence_parallel=False,
@@ -127,7 +137,7 @@ def build(tp, buckets, swiglu=False):
         **(dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
            if swiglu else {}))
     gpt = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
-                   vocab_size=128, max_sequence_length=16,
+                   vocab_size=size["vocab"], max_sequence_length=16,
                    share_embeddings_and_output_weights=False,
                    position_embedding_type="rope")
     # The CUDA RNG tracker cannot fork without CUDA; dropout is 0 anyway.
@@ -145,14 +155,14 @@ def build(tp, buckets, swiglu=False):
     return gpt, model, get_megatron_optimizer(ocfg, [model])
 
 
-def train(model, opt, steps, dp_rank):
+def train(model, opt, steps, dp_rank, vocab):
     import torch
     mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)[None, None]
     pos = torch.arange(16).unsqueeze(0).expand(2, -1)
     for step in range(steps):
         g = torch.Generator().manual_seed(100 * step + dp_rank)
-        tokens = torch.randint(0, 128, (2, 16), generator=g)
-        labels = torch.randint(0, 128, (2, 16), generator=g)
+        tokens = torch.randint(0, vocab, (2, 16), generator=g)
+        labels = torch.randint(0, vocab, (2, 16), generator=g)
         model.zero_grad_buffer()
         opt.zero_grad()
         model(tokens, pos, attention_mask=mask, labels=labels).float().mean().backward()
@@ -198,9 +208,10 @@ def worker(rank, world, port, a):
     _torch_adamw_patches()
     ps.initialize_model_parallel(tensor_model_parallel_size=a.tp)
     dp_rank = ps.get_data_parallel_rank()
-    gpt, model, opt = build(a.tp, a.buckets, a.swiglu)
+    size = {k: getattr(a, k) for k in SIZE}
+    gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size)
     if a.mode == "save":
-        train(model, opt, 2, dp_rank)
+        train(model, opt, 2, dp_rank, size["vocab"])
         for entry in a.forms.split(","):
             form, _, how = entry.partition(":")
             d = os.path.join(a.dir, form + ("_" + how if how else ""))
@@ -238,10 +249,17 @@ def worker(rank, world, port, a):
         msd = gpt.sharded_state_dict()
         osd = opt.sharded_state_dict(msd, is_loading=True,
                                      metadata={"distrib_optim_sharding_type": form})
+        dist.barrier()
+        t0 = time.time()
         loaded = dist_checkpointing.load({"model": msd, "optimizer": osd}, a.dir)
         gpt.load_state_dict(loaded["model"], strict=False)
         opt.load_state_dict(loaded["optimizer"])
-        write_dump(a, rank, gpt, opt, ps)
+        dist.barrier()
+        if a.timing and rank == 0:
+            with open(a.timing, "w") as f:
+                json.dump({"load_s": time.time() - t0}, f)
+        if a.dump:
+            write_dump(a, rank, gpt, opt, ps)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -284,9 +302,12 @@ def main(argv=None):
     ap.add_argument("--dump")
     ap.add_argument("--swiglu", action="store_true",
                     help="a gated fc1 ([W; V], stored in 2*tp chunks)")
+    ap.add_argument("--timing", help="load: the load's seconds, as JSON")
+    for k, v in SIZE.items():
+        ap.add_argument(f"--{k}", type=int, default=v)
     a = ap.parse_args(argv)
-    if a.mode == "load" and not a.dump:
-        ap.error("load needs --dump")
+    if a.mode == "load" and not (a.dump or a.timing):
+        ap.error("load needs --dump or --timing")
     if a.mode == "compare":
         if not a.want:
             ap.error("compare needs GOT and WANT")
