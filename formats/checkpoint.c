@@ -139,17 +139,34 @@ int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *path,
 	return 0;
 }
 
+static void blob_free(rs_blob *b)
+{
+	free(b->fqn);
+	free(b->made[0]);
+	free(b->made[1]);
+}
+
+void rs_checkpoint_drop_blobs(rs_checkpoint *ck, const char *prefix)
+{
+	size_t kept = 0;
+
+	for (size_t i = 0; i < ck->nblobs; i++) {
+		if (strncmp(ck->blobs[i].fqn, prefix, strlen(prefix)) == 0)
+			blob_free(&ck->blobs[i]);
+		else
+			ck->blobs[kept++] = ck->blobs[i];
+	}
+	ck->nblobs = kept;
+}
+
 void rs_checkpoint_close(rs_checkpoint *ck)
 {
 	free_entries(ck->entries, ck->nentries);
 	free_entries(ck->outer, ck->nouter);
 	free(ck->iter_dir);
 	free(ck->dir_path);
-	for (size_t i = 0; i < ck->nblobs; i++) {
-		free(ck->blobs[i].fqn);
-		free(ck->blobs[i].made[0]);
-		free(ck->blobs[i].made[1]);
-	}
+	for (size_t i = 0; i < ck->nblobs; i++)
+		blob_free(&ck->blobs[i]);
 	for (size_t i = 0; i < ck->nmade; i++) {
 		free(ck->made[i].name);
 		free(ck->made[i].bytes);
@@ -709,51 +726,78 @@ void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
 	f->from = from;
 }
 
-/* Megatron-LM's common.pt is args, optimizer param groups and rng state:
- * kilobytes. */
-#define COMMON_PKL_MAX (64u << 20)
+/* Megatron-LM's common.pt is args, optimizer param groups and rng state,
+ * an optimizer record param groups: kilobytes to a few MB. */
+#define PICKLE_MAX (64u << 20)
 
-int rs_checkpoint_read_common(rs_checkpoint *ck)
+int rs_checkpoint_read_pickle(rs_checkpoint *ck, uint32_t source,
+			      uint64_t offset, uint64_t length, bool tensors,
+			      rs_pickle **pk, char *msg, size_t size)
 {
 	char perr[RS_ZIP_MSG_SIZE];
-	rs_pickle_limits lim;
-	rs_pickle *pk = NULL;
-	rs_zip z = { 0 };
 	const rs_zip_entry *pe;
-	uint8_t *pkl = NULL;
-	const rs_pvalue *args;
-	const rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
-	uint32_t src = UINT32_MAX;
-	int fd, err = 0;
+	rs_pickle_limits lim;
+	rs_zip z = { 0 };
+	uint8_t *buf = NULL;
+	int fd, err;
 
-	if (common && !common->is_dir)
-		src = common->source;
-	if (src == UINT32_MAX || rs_sources_fd(ck->sources, src, &fd) != 0 ||
-	    rs_zip_open(&z, fd, 0, rs_sources_id(ck->sources, src)->size, perr,
-			sizeof(perr)) != 0)
+	err = rs_sources_fd(ck->sources, source, &fd);
+	if (!err)
+		err = rs_zip_open(&z, fd, offset, length, perr, sizeof(perr));
+	if (err) {
+		snprintf(msg, size, "not a torch.save zip");
+		err = -EINVAL;
 		goto out;
+	}
 	pe = rs_zip_find(&z, "data.pkl");
-	if (!pe || pe->size > COMMON_PKL_MAX)
+	if (!pe || pe->size > PICKLE_MAX) {
+		snprintf(msg, size, "no readable data.pkl");
+		err = -EINVAL;
 		goto out;
-	pkl = malloc(pe->size ? pe->size : 1);
-	if (!pkl) {
+	}
+	buf = malloc(pe->size ? pe->size : 1);
+	if (!buf) {
 		err = -ENOMEM;
 		goto out;
 	}
-	if (rs_pread_full(fd, pkl, pe->size, pe->offset) != 0)
+	if (rs_pread_full(fd, buf, pe->size, offset + pe->offset) != 0) {
+		snprintf(msg, size, "no readable data.pkl");
+		err = -EINVAL;
 		goto out;
+	}
 	rs_pickle_limits_default(&lim);
 	lim.allow = rs_megatron_allow;
-	lim.torch_persids = true;
-	if (rs_pickle_parse(pkl, pe->size, &lim, &pk, perr, sizeof(perr)) != 0)
-		goto out;
+	lim.torch_persids = tensors;
+	err = rs_pickle_parse(buf, pe->size, &lim, pk, perr, sizeof(perr));
+	if (err) {
+		snprintf(msg, size, "%s", perr);
+		err = err == -ENOMEM ? err : -EINVAL;
+	}
+out:
+	free(buf);
+	rs_zip_free(&z);
+	return err;
+}
+
+int rs_checkpoint_read_common(rs_checkpoint *ck)
+{
+	const rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
+	rs_pickle *pk = NULL;
+	const rs_pvalue *args;
+	char msg[RS_ZIP_MSG_SIZE];
+	int err;
+
+	if (!common || common->is_dir)
+		return 0;
+	err = rs_checkpoint_read_pickle(ck, common->source, 0,
+					rs_sources_id(ck->sources, common->source)->size,
+					true, &pk, msg, sizeof(msg));
+	if (err)
+		return err == -ENOMEM ? err : 0;        /* facts stay unknown */
 	args = rs_pv_get(rs_pickle_root(pk), "args");
 	if (rs_pv_call_is(args, "argparse.Namespace"))
 		rs_checkpoint_facts_from_args(ck, rs_pv_state(args),
 					      "common.pt args");
-out:
 	rs_pickle_free(pk);
-	free(pkl);
-	rs_zip_free(&z);
-	return err;
+	return 0;
 }

@@ -230,6 +230,18 @@ int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
 void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
 				   const char *from);
 
+/* Removes (and frees) every byte item whose fqn starts with `prefix`. */
+void rs_checkpoint_drop_blobs(rs_checkpoint *ck, const char *prefix);
+
+/* The data.pkl of the torch.save zip at [offset, offset + length) of
+ * source `source` (a common.pt, a ShardedObject item), parsed with
+ * rs_megatron_allow; `tensors` allows torch storage persistent ids.  *pk
+ * is set on success, the caller's to free.  -EINVAL with what is wrong in
+ * msg; -ENOMEM. */
+int rs_checkpoint_read_pickle(rs_checkpoint *ck, uint32_t source,
+			      uint64_t offset, uint64_t length, bool tensors,
+			      rs_pickle **pk, char *msg, size_t size);
+
 /* A dist checkpoint's common.pt, when it has one with args, into
  * ck->facts.  Optional: a common.pt this cannot read leaves the facts
  * unknown, never refuses the checkpoint.  0 or -ENOMEM. */

@@ -11,15 +11,32 @@ void rs_catalog_init(rs_catalog *c)
 	memset(c, 0, sizeof(*c));
 }
 
+static void tensor_free(rs_tensor *t)
+{
+	free(t->name);
+	free(t->origin);
+	free(t->frags);
+}
+
 void rs_catalog_free(rs_catalog *c)
 {
-	for (size_t i = 0; i < c->count; i++) {
-		free(c->tensors[i].name);
-		free(c->tensors[i].origin);
-		free(c->tensors[i].frags);
-	}
+	for (size_t i = 0; i < c->count; i++)
+		tensor_free(&c->tensors[i]);
 	free(c->tensors);
 	memset(c, 0, sizeof(*c));
+}
+
+void rs_catalog_drop_prefix(rs_catalog *c, const char *prefix)
+{
+	size_t kept = 0;
+
+	for (size_t i = 0; i < c->count; i++) {
+		if (strncmp(c->tensors[i].name, prefix, strlen(prefix)) == 0)
+			tensor_free(&c->tensors[i]);
+		else
+			c->tensors[kept++] = c->tensors[i];
+	}
+	c->count = kept;
 }
 
 int rs_catalog_add_fragments(rs_catalog *c, const char *name, rs_dtype dtype,

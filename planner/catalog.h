@@ -52,6 +52,9 @@ typedef struct {
 
 void rs_catalog_init(rs_catalog *c);
 void rs_catalog_free(rs_catalog *c);
+/* Removes (and frees) every tensor whose name starts with `prefix`; the
+ * others keep their order. */
+void rs_catalog_drop_prefix(rs_catalog *c, const char *prefix);
 
 /* Fragments of one tensor at most.  Room for them is allocated up front
  * (about 200 bytes each) from numbers a checkpoint gives, so a few bytes of

@@ -5,9 +5,7 @@
  * with its optimizer's param_state_sharding_type (and content_metadata's
  * distrib_optim_sharding_type, where there is one) saying
  * fully_reshardable, plus the items the caller brings; the source's
- * common.pt is hidden behind the made one.  The torch.save'd pickles
- * that step reads (common.pt, the dp_reshardable records) are read by
- * rs_torch_dist_read_pkl here.
+ * common.pt is hidden behind the made one.
  */
 #include "formats/torch_dist/torch_dist_int.h"
 
@@ -18,11 +16,6 @@
 
 #include "formats/codec/pickle.h"
 #include "formats/codec/torch_object.h"
-#include "formats/codec/torchzip.h"
-
-/* A common.pt or optimizer record of a large run holds param groups and
- * small objects: a few MB at most. */
-#define PKL_MAX (64u << 20)
 
 /* Writes the start of a dict and d's items but those keyed skip[0] or
  * skip[1] (may be NULL; the caller adds items and ends it). */
@@ -42,47 +35,6 @@ static int copy_dict_but(rs_pwriter *w, const rs_pvalue *d,
 			err = rs_pw_value(w, rs_pv_val(d, j), rs_megatron_copy_allow,
 					  rs_megatron_members, msg, size);
 	}
-	return err;
-}
-
-int rs_torch_dist_read_pkl(rs_checkpoint *ck, uint32_t source, uint64_t offset,
-			   uint64_t length, bool tensors, rs_pickle **pk,
-			   char *msg, size_t size)
-{
-	char perr[RS_ZIP_MSG_SIZE];
-	const rs_zip_entry *pe;
-	rs_pickle_limits lim;
-	rs_zip z = { 0 };
-	uint8_t *buf = NULL;
-	int fd, err;
-
-	err = rs_sources_fd(ck->sources, source, &fd);
-	if (!err)
-		err = rs_zip_open(&z, fd, offset, length, perr, sizeof(perr));
-	if (err) {
-		snprintf(msg, size, "not a torch.save zip");
-		err = -EINVAL;
-		goto out;
-	}
-	pe = rs_zip_find(&z, "data.pkl");
-	if (!pe || pe->size > PKL_MAX ||
-	    !(buf = malloc(pe->size ? pe->size : 1)) ||
-	    rs_pread_full(fd, buf, pe->size, offset + pe->offset) != 0) {
-		snprintf(msg, size, "no readable data.pkl");
-		err = -EINVAL;
-		goto out;
-	}
-	rs_pickle_limits_default(&lim);
-	lim.allow = rs_megatron_allow;
-	lim.torch_persids = tensors;
-	err = rs_pickle_parse(buf, pe->size, &lim, pk, perr, sizeof(perr));
-	if (err) {
-		snprintf(msg, size, "%s", perr);
-		err = err == -ENOMEM ? err : -EINVAL;
-	}
-out:
-	free(buf);
-	rs_zip_free(&z);
 	return err;
 }
 
@@ -155,9 +107,9 @@ int rs_torch_dist_make_common(rs_checkpoint *ck, rs_diag *d, const char *form,
 			    ck->dir_path, form);
 		return -EINVAL;
 	}
-	err = rs_torch_dist_read_pkl(ck, common->source, 0,
-				     rs_sources_id(ck->sources, common->source)->size,
-				     true, &top, msg, sizeof(msg));
+	err = rs_checkpoint_read_pickle(ck, common->source, 0,
+					rs_sources_id(ck->sources, common->source)->size,
+					true, &top, msg, sizeof(msg));
 	if (err) {
 		rs_diag_add(d, "%s/common.pt: %s", ck->dir_path, msg);
 		goto out;

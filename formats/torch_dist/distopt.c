@@ -649,22 +649,15 @@ static int place(distopt *o)
 				err = -EINVAL;
 				break;
 			}
-			/* the pick takes this place; the others keep their order */
+			/* the pick takes this place (its slot was set when it
+			 * was tried); the others keep their order */
 			{
 				size_t chosen = order[pick];
 
 				memmove(&order[at + 1], &order[at],
 					(pick - at) * sizeof(*order));
 				order[at] = chosen;
-			}
-			{
-				param_slot *p = &o->slots[order[at]];
-
-				p->gbuf = b;
-				p->bucket = k;
-				p->start = start;
-				p->end = start + p->numel;
-				pos = p->end;
+				pos = o->slots[chosen].end;
 			}
 			if (pos == bt->shape[0]) {
 				k++;
@@ -912,9 +905,9 @@ static int make_common(distopt *o)
 		}
 		keys[nobjs] = k;
 		klen[nobjs] = (size_t)(slash - k);
-		err = rs_torch_dist_read_pkl(o->ck, b->source, b->offset,
-					     b->length, false, &objs[nobjs],
-					     msg, sizeof(msg));
+		err = rs_checkpoint_read_pickle(o->ck, b->source, b->offset,
+						b->length, false, &objs[nobjs],
+						msg, sizeof(msg));
 		if (err)
 			rs_diag_add(o->d, "%s: %s: %s", o->meta_path, b->fqn, msg);
 		if (!err && (rs_pv_kind(rs_pickle_root(objs[nobjs])) != RS_PV_LIST ||
@@ -935,40 +928,6 @@ static int make_common(distopt *o)
 	for (size_t j = 0; j < nobjs; j++)
 		rs_pickle_free(objs[j]);
 	return err;
-}
-
-/* Drops the bucket tensors and every group's records: they hold the
- * source's DP layout, which no view keeps. */
-static void drop_buckets(distopt *o)
-{
-	rs_catalog *c = &o->ck->catalog;
-	size_t kept = 0;
-
-	for (size_t i = 0; i < c->count; i++) {
-		rs_tensor *t = &c->tensors[i];
-
-		if (strncmp(t->name, PREFIX, strlen(PREFIX)) == 0) {
-			free(t->name);
-			free(t->origin);
-			free(t->frags);
-			continue;
-		}
-		c->tensors[kept++] = *t;
-	}
-	c->count = kept;
-	kept = 0;
-	for (size_t i = 0; i < o->ck->nblobs; i++) {
-		rs_blob *b = &o->ck->blobs[i];
-
-		if (strncmp(b->fqn, PREFIX, strlen(PREFIX)) == 0) {
-			free(b->fqn);
-			free(b->made[0]);
-			free(b->made[1]);
-			continue;
-		}
-		o->ck->blobs[kept++] = *b;
-	}
-	o->ck->nblobs = kept;
 }
 
 int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
@@ -1012,8 +971,12 @@ int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
 		err = build_states(&o);
 	if (!err)
 		err = make_common(&o);
-	if (!err)
-		drop_buckets(&o);
+	/* The bucket tensors and every group's records hold the source's
+	 * DP layout, which no view keeps. */
+	if (!err) {
+		rs_catalog_drop_prefix(&ck->catalog, PREFIX);
+		rs_checkpoint_drop_blobs(ck, PREFIX);
+	}
 out:
 	free(o.refs);
 	free(o.slots);

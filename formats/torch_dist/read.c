@@ -3,6 +3,7 @@
 #include "formats/torch_dist/torch_dist_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,17 +429,6 @@ static int read_tensor(reader *r, const char *fqn, const rs_pvalue *meta)
 	return check_tiling(r, t);
 }
 
-/* Model tensors by name, for unflatten_by_model. */
-typedef struct {
-	const char *name;
-	size_t index;
-} named;
-
-static int cmp_named(const void *a, const void *b)
-{
-	return strcmp(((const named *)a)->name, ((const named *)b)->name);
-}
-
 /* Whether t is stored as megatron-core reformulates a flattened_range
  * state of model tensor m: m's grid counts, then one axis of m's chunk
  * volume.  The fully_sharded_model_space state is m's sharded tensor with
@@ -468,41 +458,38 @@ static int unflatten_by_model(reader *r)
 {
 	static const char prefix[] = "optimizer.state.";
 	rs_catalog *c = &r->ck->catalog;
-	named *idx = malloc((c->count ? c->count : 1) * sizeof(*idx));
-	size_t n = 0;
+	rs_names by_name = { 0 };
 	char why[200];
-	int err = 0;
+	int err;
 
-	if (!idx)
-		return -ENOMEM;
-	for (size_t i = 0; i < c->count; i++)
-		if (strncmp(c->tensors[i].name, prefix, strlen(prefix)) != 0)
-			idx[n++] = (named){ c->tensors[i].name, i };
-	qsort(idx, n, sizeof(*idx), cmp_named);
+	err = rs_names_sort(&by_name, c->tensors, c->count, sizeof(rs_tensor),
+			    offsetof(rs_tensor, name));
 	for (size_t i = 0; i < c->count && !err; i++) {
 		rs_tensor *t = &c->tensors[i];
 		const char *key = strchr(t->name + strlen(prefix), '.');
-		named want, *hit;
+		const rs_tensor *m;
+		size_t hit;
 
 		if (strncmp(t->name, prefix, strlen(prefix)) != 0 || !key)
 			continue;
-		want.name = key + 1;
-		hit = bsearch(&want, idx, n, sizeof(*idx), cmp_named);
-		if (!hit || !reformulates(t, &c->tensors[hit->index]))
+		hit = rs_names_find(&by_name, key + 1);
+		if (hit == SIZE_MAX)
 			continue;
-		err = rs_torch_dist_unflatten(t, c->tensors[hit->index].ndim,
-					      c->tensors[hit->index].shape, why,
+		m = &c->tensors[hit];
+		if (!reformulates(t, m))
+			continue;
+		err = rs_torch_dist_unflatten(t, m->ndim, m->shape, why,
 					      sizeof(why));
 		if (err) {
 			rs_diag_add(r->d, "%s: %s: stored as a megatron-core flattened_range tensor of %s, but %s",
-				    r->meta_path, t->name, want.name, why);
+				    r->meta_path, t->name, m->name, why);
 			break;
 		}
 		r->flat_states++;
 		rs_tensor_make_regular(t);
 		err = check_tiling(r, t);
 	}
-	free(idx);
+	rs_names_free(&by_name);
 	return err == -ENOMEM ? err : err ? -EINVAL : 0;
 }
 

@@ -28,14 +28,6 @@ int rs_torch_dist_unflatten(rs_tensor *t, int ndim, const uint64_t *orig,
 int rs_torch_dist_read_flat_state(rs_checkpoint *ck, const char *meta_path,
 				  rs_diag *d);
 
-/* The data.pkl of the torch.save zip at [offset, offset + length) of
- * source `source`, parsed with megatron-core's allowlist (tensors: torch
- * storage persistent ids allowed).  *pk is the caller's to free.  -EINVAL
- * with what is wrong in msg; -ENOMEM. */
-int rs_torch_dist_read_pkl(rs_checkpoint *ck, uint32_t source, uint64_t offset,
-			   uint64_t length, bool tensors, rs_pickle **pk,
-			   char *msg, size_t size);
-
 /* What the view's common.pt adds to the optimizer's dict: key j
  * (klen[j] bytes) with the one item of the list objs[j] holds. */
 #define RS_COMMON_MAX_ITEMS 16
