@@ -342,7 +342,7 @@ int rs_checkpoint_open(const char *root, const rs_open_opts *o,
 		err = -EINVAL;
 	}
 	if (!err && ck->format->dist_backend)
-		err = rs_checkpoint_read_common(ck);
+		err = rs_checkpoint_read_common(ck, d);
 	if (err)
 		rs_checkpoint_close(ck);
 	return err;
@@ -391,11 +391,28 @@ int rs_checkpoint_build_view(const rs_checkpoint *ck,
 		}
 	}
 	/* Two things of one name in the view (a tensor or byte item and a
-	 * file of SOURCE): the tree refuses the second; say so, not "File
-	 * exists". */
+	 * file of SOURCE or one the view writes): the tree refuses the
+	 * second; say where, and what the tensor of that name came from. */
 	if (err == -EEXIST && rs_diag_count(d) == lines) {
-		rs_diag_add(d, "%s: a file or directory of SOURCE has the name of a tensor or byte item the %s view writes",
-			    ck->root_path, view->name);
+		char path[1024];
+		const char *base;
+		size_t i;
+
+		rs_vtree_path(t, t->clash ? t->clash - 1 : 0, path, sizeof(path));
+		base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+		for (i = 0; i < ck->catalog.count; i++)
+			if (strcmp(ck->catalog.tensors[i].name, base) == 0)
+				break;
+		if (i < ck->catalog.count)
+			rs_diag_add(d, "%s: the %s view would write two things at %s: tensor %s (from %s) and a file of SOURCE or of the view; rename the tensor",
+				    ck->root_path, view->name, path,
+				    ck->catalog.tensors[i].name,
+				    ck->catalog.tensors[i].origin
+					    ? ck->catalog.tensors[i].origin
+					    : "SOURCE");
+		else
+			rs_diag_add(d, "%s: the %s view would write two things at %s: a file of SOURCE and a tensor, byte item or file of the view",
+				    ck->root_path, view->name, path);
 		err = -EINVAL;
 	}
 	return err;

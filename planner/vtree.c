@@ -1,6 +1,7 @@
 #include "planner/vtree.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,8 +118,10 @@ static int add_node(rs_vtree *t, uint32_t parent, const char *name,
 	uint32_t dummy;
 	int err;
 
-	if (rs_vtree_lookup(t, parent, name, &dummy) == 0)
+	if (rs_vtree_lookup(t, parent, name, &dummy) == 0) {
+		t->clash = dummy + 1;
 		return -EEXIST;
+	}
 	err = grow(&t->nodes, &t->cap, t->count, sizeof(rs_vnode));
 	if (err)
 		return err;
@@ -154,6 +157,26 @@ int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
 		      struct timespec mtime, uint32_t *index)
 {
 	return add_node(t, parent, name, false, mtime, index);
+}
+
+void rs_vtree_path(const rs_vtree *t, uint32_t node, char *out, size_t size)
+{
+	uint32_t chain[64];
+	size_t depth = 0, at = 0;
+
+	if (!size)
+		return;
+	out[0] = 0;
+	for (; node && node < t->count && depth < 64; node = t->nodes[node].parent)
+		chain[depth++] = node;
+	while (depth-- > 0 && at + 1 < size) {
+		int n = snprintf(out + at, size - at, "%s%s", at ? "/" : "",
+				 t->nodes[chain[depth]].name);
+
+		if (n < 0)
+			break;
+		at += (size_t)n;
+	}
 }
 
 int rs_vtree_nest(rs_vtree *t, const char *name, struct timespec mtime,

@@ -87,13 +87,17 @@ typedef struct {
 	 * directory of many thousand chunk files is not quadratic. */
 	uint32_t *slots;
 	uint64_t mask;
+	/* The node a name given twice met (node + 1; 0: none), so that a
+	 * builder's caller can say which path two things would share. */
+	uint32_t clash;
 } rs_vtree;
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime);
 void rs_vtree_free(rs_vtree *t);
 
 /* New directory or (empty) file under `parent`; `name` is copied and must
- * be a safe name (rs_name_is_safe).  -EEXIST on a duplicate name. */
+ * be a safe name (rs_name_is_safe).  -EEXIST on a duplicate name (the
+ * node already there: t->clash). */
 int rs_vtree_add_dir(rs_vtree *t, uint32_t parent, const char *name,
 		     struct timespec mtime, uint32_t *index);
 int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
@@ -104,6 +108,9 @@ int rs_vtree_add_file(rs_vtree *t, uint32_t parent, const char *name,
  * an iteration directory.  -EEXIST when the root holds `name` already. */
 int rs_vtree_nest(rs_vtree *t, const char *name, struct timespec mtime,
 		  uint32_t *dir);
+
+/* Node `node`'s path below the root ("a/b"), cut to fit `size`. */
+void rs_vtree_path(const rs_vtree *t, uint32_t node, char *out, size_t size);
 
 /* Appends a segment to the end of a file.  Literal bytes are copied. */
 int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,

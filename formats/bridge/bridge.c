@@ -218,7 +218,7 @@ int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 	if (!err)
 		err = user_rows(o, f, &rows, &nrows, d);
 	if (!err)
-		err = rs_remap(ck, f, rows, nrows, &dims, d);
+		err = rs_remap(ck, f, rows, nrows, o->rules_file, &dims, d);
 	if (!err && strcmp(f->from, "mcore") == 0)
 		err = rs_llama_check_mcore(ck, o, d);
 	if (!err && strcmp(f->to, "mcore") == 0) {

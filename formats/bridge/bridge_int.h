@@ -42,16 +42,23 @@ typedef struct {
 
 int rs_map_run(rs_map_job *j);
 
-/* Applies rows user[0..nuser) then family f's to ck->catalog, into a new
- * catalog that replaces it on success.  Every stored tensor must be
- * taken by some row (made into a target, or left out by one). */
+/* Applies rows user[0..nuser) (from the rules file user_path, for
+ * messages) then family f's to ck->catalog, into a new catalog that
+ * replaces it on success.  Every stored tensor must be taken by some row
+ * (made into a target, or left out by one); a target is made by one row
+ * from one stored tensor (per layer), and of one dtype - anything else is
+ * refused naming both rows or tensors.  A target of a user's row has the
+ * row as its origin (rs_tensor.origin), for later messages. */
 int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
-	     size_t nuser, const rs_map_dims *dims, rs_diag *d);
+	     size_t nuser, const char *user_path, const rs_map_dims *dims,
+	     rs_diag *d);
 
 /* Whether `name` matches row pattern `pat`, by the rules of
  * formats/model.h: nums receives what each '#' stood for (up to 2, 24
  * bytes each); with `stacked`, the pattern's first "#." is left out (the
- * name of a tensor whose axis 0 is the layer).  Exposed for tests. */
+ * name of a tensor whose axis 0 is the layer).  A pattern with a '*' (a
+ * drop row's) captures nothing.  Time linear in the name for a pattern
+ * without '*', |pat| x |name| with.  Exposed for tests. */
 bool rs_map_match(const char *pat, const char *name, bool stacked,
 		  char nums[2][24], int *nnums);
 

@@ -15,28 +15,76 @@
 /* Layers a stacked target may gather (far beyond real models). */
 #define MAX_LAYERS (1u << 16)
 
+/* A pattern holding '*' (a drop row's: rows.c refuses it elsewhere), by
+ * simulating its automaton - positions of the pattern, plus "inside the
+ * digits of the '#' at i" - over the name once: time |pat| x |name|,
+ * whatever the pattern (a backtracking matcher is exponential in the
+ * number of '*'s).  '#' is one or more digits here; nothing is captured. */
+static bool match_glob(const char *pat, const char *name)
+{
+	size_t n = strlen(pat);
+	bool *at = calloc(4 * (n + 1), sizeof(bool));
+	bool *run, *nat, *nrun, ok;
+
+	if (!at)
+		return false;
+	run = at + (n + 1);
+	nat = run + (n + 1);
+	nrun = nat + (n + 1);
+	at[0] = true;
+	for (const char *c = name;; c++) {
+		/* the moves that read nothing: past a '*', out of a digit run */
+		for (size_t i = 0; i < n; i++)
+			if (run[i] || (at[i] && pat[i] == '*'))
+				at[i + 1] = true;
+		if (!*c)
+			break;
+		memset(nat, 0, 2 * (n + 1) * sizeof(bool));
+		for (size_t i = 0; i < n; i++) {
+			bool digit = *c >= '0' && *c <= '9';
+
+			if (at[i] && pat[i] == '*')
+				nat[i] = true;
+			else if (at[i] && pat[i] == '#' && digit)
+				nrun[i] = true;
+			else if (at[i] && pat[i] == *c)
+				nat[i + 1] = true;
+			if (run[i] && digit)
+				nrun[i] = true;
+		}
+		memcpy(at, nat, 2 * (n + 1) * sizeof(bool));
+	}
+	ok = at[n];
+	free(at);
+	return ok;
+}
+
 bool rs_map_match(const char *pat, const char *name, bool stacked,
 		  char nums[2][24], int *nnums)
 {
 	bool elided = !stacked;
 
+	if (strchr(pat, '*')) {
+		const char *layer = strstr(pat, "#.");
+		char *p;
+		bool ok;
+
+		if (!stacked)
+			return match_glob(pat, name);
+		if (!layer || !(p = strdup(pat)))
+			return false;
+		memmove(p + (layer - pat), layer + 2, strlen(layer + 2) + 1);
+		ok = match_glob(p, name);
+		free(p);
+		return ok;
+	}
+	/* No '*': each character of the pattern takes one place in the
+	 * name, each '#' all the digits there - one pass. */
 	for (; *pat; pat++) {
 		if (!elided && pat[0] == '#' && pat[1] == '.') {
 			elided = true;
 			pat++;
 			continue;
-		}
-		if (*pat == '*') {
-			for (const char *s = name;; s++) {
-				int n = *nnums;
-
-				if (rs_map_match(pat + 1, s, !elided, nums, &n)) {
-					*nnums = n;
-					return true;
-				}
-				if (!*s)
-					return false;
-			}
 		}
 		if (*pat == '#') {
 			size_t n = strspn(name, "0123456789");
@@ -103,10 +151,16 @@ size_t rs_bridge_find(const rs_checkpoint *ck, const rs_family *f,
 	return SIZE_MAX;
 }
 
-/* ---- the target names made so far: a set -------------------------- */
+/* ---- the target names made so far, and what made each -------------- */
 
 typedef struct {
-	char **slot;
+	char *name;
+	const rs_map_row *row;  /* the row that made it */
+	const char *src;        /* from this stored tensor (its source 0) */
+} made_name;
+
+typedef struct {
+	made_name *slot;
 	size_t cap, n;
 } name_set;
 
@@ -119,21 +173,22 @@ static uint64_t hash(const char *s)
 	return h;
 }
 
-/* 1 when added, 0 when there already, -ENOMEM. */
-static int set_add(name_set *s, const char *name)
+/* 1 when added, 0 when there already (*had: what made it), -ENOMEM. */
+static int set_add(name_set *s, const char *name, const rs_map_row *row,
+		   const char *src, const made_name **had)
 {
 	size_t i;
 
 	if (2 * (s->n + 1) > s->cap) {
 		size_t cap = s->cap ? 2 * s->cap : 256;
-		char **slot = calloc(cap, sizeof(*slot));
+		made_name *slot = calloc(cap, sizeof(*slot));
 
 		if (!slot)
 			return -ENOMEM;
 		for (size_t k = 0; k < s->cap; k++) {
-			if (!s->slot[k])
+			if (!s->slot[k].name)
 				continue;
-			for (i = hash(s->slot[k]) & (cap - 1); slot[i];
+			for (i = hash(s->slot[k].name) & (cap - 1); slot[i].name;
 			     i = (i + 1) & (cap - 1))
 				;
 			slot[i] = s->slot[k];
@@ -142,13 +197,17 @@ static int set_add(name_set *s, const char *name)
 		s->slot = slot;
 		s->cap = cap;
 	}
-	for (i = hash(name) & (s->cap - 1); s->slot[i];
+	for (i = hash(name) & (s->cap - 1); s->slot[i].name;
 	     i = (i + 1) & (s->cap - 1))
-		if (strcmp(s->slot[i], name) == 0)
+		if (strcmp(s->slot[i].name, name) == 0) {
+			*had = &s->slot[i];
 			return 0;
-	s->slot[i] = strdup(name);
-	if (!s->slot[i])
+		}
+	s->slot[i].name = strdup(name);
+	if (!s->slot[i].name)
 		return -ENOMEM;
+	s->slot[i].row = row;
+	s->slot[i].src = src;
 	s->n++;
 	return 1;
 }
@@ -156,7 +215,7 @@ static int set_add(name_set *s, const char *name)
 static void set_free(name_set *s)
 {
 	for (size_t k = 0; k < s->cap; k++)
-		free(s->slot[k]);
+		free(s->slot[k].name);
 	free(s->slot);
 }
 
@@ -248,10 +307,54 @@ typedef struct {
 	const rs_family *f;
 	const rs_map_dims *dims;
 	rs_diag *d;
+	const rs_map_row *user;         /* the user's rows, from user_path */
+	size_t nuser;
+	const char *user_path;
 	rs_catalog out;
 	name_set made;
 	bool *taken, *dropped;
 } remap_ctx;
+
+/* Row r as messages name it: its patterns, and whose it is. */
+static void row_name(const remap_ctx *c, const rs_map_row *r, char *out,
+		     size_t size)
+{
+	bool user = r >= c->user && r < c->user + c->nuser;
+
+	snprintf(out, size, "%s row \"%s\" <- \"%s\"%s%s%s",
+		 user ? "the names" : "the built-in", r->to ? r->to : "null",
+		 r->from[0], user ? " of " : " (formats/model.c, ",
+		 user ? (c->user_path ? c->user_path : "-o rules=") : c->f->name,
+		 user ? "" : ")");
+}
+
+/* Target `name` about to be made by row r from stored tensor `src`: 1
+ * when it is new; 0 when it is made already and this is no clash - row r
+ * made it and `again` allows that (a row gathering every layer into one
+ * target meets each layer), or an earlier row made it from the same
+ * tensor (a user's row overriding a built-in one).  A clash - two rows
+ * from two tensors, or one row from two - is refused: the second maker
+ * would hide the first one's tensor from the view. */
+static int claim(remap_ctx *c, const rs_map_row *r, const char *name,
+		 const char *src, bool again)
+{
+	const made_name *had = NULL;
+	char a[1100], b[1100];
+	int added = set_add(&c->made, name, r, src, &had);
+
+	if (added != 0 || (again && had->row == r) ||
+	    (had->row != r && strcmp(had->src, src) == 0))
+		return added;
+	row_name(c, had->row, a, sizeof(a));
+	row_name(c, r, b, sizeof(b));
+	if (had->row == r)
+		rs_diag_add(c->d, "%s: %s would be made twice by %s: from %s and from %s; a target is made from one tensor (or one per layer when the pattern has \"#.\")",
+			    c->ck->dir_path, name, a, had->src, src);
+	else
+		rs_diag_add(c->d, "%s: %s would be made twice: by %s from %s, and by %s from %s; a target is made once (a row with a null \"target\" leaves a stored tensor out)",
+			    c->ck->dir_path, name, a, had->src, b, src);
+	return -EINVAL;
+}
 
 static int name_err(remap_ctx *c, const char *what, int err)
 {
@@ -272,20 +375,24 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 	size_t idx, a, b;
 	int ndim = 0, err = 0;
 
+	/* A tensor has one dtype: pieces of another would be read as this
+	 * one's, running into the bytes stored after them. */
+	for (size_t i = 1; i < slots * (size_t)nsrc && !err; i++)
+		if (refs[i].t->dtype != refs[0].t->dtype) {
+			rs_diag_add(c->d, "%s: %s would be made of %s (%s) and %s (%s), but a tensor has one dtype: store the model in one dtype",
+				    c->ck->dir_path, name, refs[0].t->name,
+				    rs_dtype_name(refs[0].t->dtype), refs[i].t->name,
+				    rs_dtype_name(refs[i].t->dtype));
+			err = -EINVAL;
+		}
 	for (size_t s = 0; s < slots && !err; s++) {
 		memset(&j, 0, sizeof(j));
 		j.op = r->op;
 		j.dims = c->dims;
 		j.nsrc = nsrc;
-		for (int k = 0; k < nsrc; k++) {
+		for (int k = 0; k < nsrc; k++)
 			j.ndim[k] = layer_shape(&refs[s * nsrc + k], j.shape[k]);
-			if (refs[s * nsrc + k].t->dtype != refs[s * nsrc].t->dtype) {
-				snprintf(j.why, sizeof(j.why), "its sources' dtypes differ");
-				err = -EINVAL;
-			}
-		}
-		if (!err)
-			err = rs_map_run(&j);
+		err = rs_map_run(&j);
 		if (err == -EINVAL)
 			rs_diag_add(c->d, "%s: %s (from %s, %s): %s",
 				    c->ck->dir_path, name, refs[s * nsrc].t->name,
@@ -315,8 +422,16 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 		rs_diag_add(c->d, "%s: %s: too large", c->ck->dir_path, name);
 		err = -EINVAL;
 	}
-	if (!err && refs[0].t->origin)
+	/* A user's row is named where its target's name matters later (a
+	 * view file of that name, a layout that does not fit). */
+	if (!err && r >= c->user && r < c->user + c->nuser) {
+		char o[1100];
+
+		row_name(c, r, o, sizeof(o));
+		err = rs_catalog_set_origin(&c->out, idx, o);
+	} else if (!err && refs[0].t->origin) {
 		err = rs_catalog_set_origin(&c->out, idx, refs[0].t->origin);
+	}
 	if (!err) {
 		rs_tensor *t = &c->out.tensors[idx];
 
@@ -446,9 +561,10 @@ static int stacked_to_stacked(remap_ctx *c, const rs_map_row *r,
 
 	if (err)
 		return name_err(c, r->to, err);
-	err = set_add(&c->made, name);
+	err = claim(c, r, name, t->name, false);
 	if (err <= 0)
 		return err;
+	err = 0;
 	if (t->ndim < 1 || t->shape[0] > MAX_LAYERS) {
 		rs_diag_add(c->d, "%s: %s: no layer axis", c->ck->dir_path, t->name);
 		return -EINVAL;
@@ -485,7 +601,7 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 		err = subst(r->to, stacked, nums, nnums, name, sizeof(name));
 		if (err)
 			return name_err(c, r->to, err);
-		added = set_add(&c->made, name);
+		added = claim(c, r, name, t->name, false);
 		if (added <= 0)
 			return added;
 		refs[0] = (src_ref){ t, -1 };
@@ -498,7 +614,7 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 		err = subst(r->to, true, nums + 1, nnums - 1, name, sizeof(name));
 		if (err)
 			return name_err(c, r->to, err);
-		added = set_add(&c->made, name);
+		added = claim(c, r, name, t->name, true);
 		if (added <= 0)
 			return added;
 		return gather_layers(c, r, nsrc, nums, nnums, name);
@@ -517,7 +633,7 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 		err = subst(r->to, false, vals, nnums + 1, name, sizeof(name));
 		if (err)
 			return name_err(c, r->to, err);
-		added = set_add(&c->made, name);
+		added = claim(c, r, name, t->name, false);
 		if (added < 0)
 			return added;
 		if (!added)
@@ -573,9 +689,11 @@ static int apply_row(remap_ctx *c, const rs_map_row *r)
 }
 
 int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
-	     size_t nuser, const rs_map_dims *dims, rs_diag *d)
+	     size_t nuser, const char *user_path, const rs_map_dims *dims,
+	     rs_diag *d)
 {
-	remap_ctx c = { ck, f, dims, d, { 0 }, { 0 }, NULL, NULL };
+	remap_ctx c = { ck, f, dims, d, user, nuser, user_path, { 0 }, { 0 },
+			NULL, NULL };
 	size_t n = ck->catalog.count, missing = 0;
 	int err = 0;
 

@@ -79,6 +79,13 @@ static int parse_row(const cJSON *o, const char *path, size_t k,
 		if (!(r->from[n++] = strdup(it->valuestring)))
 			return -ENOMEM;
 	}
+	/* '*' stands for names the row cannot spell back */
+	for (int i = 0; cJSON_IsString(target) && i < n; i++)
+		if (strchr(r->from[i], '*')) {
+			rs_diag_add(d, "%s: names row %zu: source %d has a '*', which only a row with a null \"target\" (one that leaves its sources out) may have",
+				    path, k, i);
+			return -EINVAL;
+		}
 	if (cJSON_IsString(target) && !(r->to = strdup(target->valuestring)))
 		return -ENOMEM;
 	return 0;

@@ -37,6 +37,32 @@ static void test_match(void)
 	CHECK(!match("optimizer.*", "optimizers", false, NULL, NULL));
 	CHECK(match("*.inv_freq", "model.layers.0.inv_freq", false, NULL, NULL));
 	CHECK(!match("a.#", "a.123456789012345678901", false, NULL, NULL));
+	/* '*' with '#' and a stacked name (drop rows) */
+	CHECK(match("l.#.*.w", "l.3.x.y.w", false, NULL, NULL));
+	CHECK(match("l.#.*.w", "l.x.y.w", true, NULL, NULL));
+	CHECK(!match("l.#.*.w", "l.x.y.w", false, NULL, NULL));
+	CHECK(!match("l.*.w", "l.x.w", true, NULL, NULL));       /* no layer */
+	CHECK(match("*#", "ab12", false, NULL, NULL));
+	CHECK(!match("*#", "ab12x", false, NULL, NULL));
+	CHECK(match("**", "", false, NULL, NULL));
+	CHECK(!match("*a*b", "xbxa", false, NULL, NULL));
+}
+
+/* Many '*'s against a long name that almost matches: a backtracking
+ * matcher tries about C(name, stars) splits (never finishing); the
+ * automaton is |pat| x |name| steps. */
+static void test_match_bounded(void)
+{
+	char pat[200] = "", name[4200] = "";
+
+	for (int i = 0; i < 40; i++)
+		strcat(pat, "*.");
+	strcat(pat, "end");
+	for (int i = 0; i < 1000; i++)
+		strcat(name, "ab.");
+	CHECK(!match(pat, name, false, NULL, NULL));
+	strcat(name, "end");
+	CHECK(match(pat, name, false, NULL, NULL));
 }
 
 /* An HF Llama of L layers, H heads in G groups of d rows, hidden h, ffn
@@ -172,7 +198,7 @@ static void test_round_trip(void)
 	hf_llama(&ck.catalog);
 	hf_llama(&orig);
 	CHECK(to_m && to_h && d);
-	CHECK(rs_remap(&ck, to_m, NULL, 0, &dims, d) == 0);
+	CHECK(rs_remap(&ck, to_m, NULL, 0, "rules.json", &dims, d) == 0);
 	CHECK(ck.catalog.count == 9);
 	qkv = find(&ck.catalog, "decoder.layers.self_attention.linear_qkv.weight");
 	fc1 = find(&ck.catalog, "decoder.layers.mlp.linear_fc1.weight");
@@ -181,7 +207,7 @@ static void test_round_trip(void)
 	/* [gate; up] as two halves on a grid: the layout's gated fc1 */
 	CHECK(fc1 && fc1->shape[1] == 2 * FFN && fc1->regular &&
 	      fc1->grid[1] == FFN);
-	CHECK(rs_remap(&ck, to_h, NULL, 0, &dims, d) == 0);
+	CHECK(rs_remap(&ck, to_h, NULL, 0, "rules.json", &dims, d) == 0);
 	CHECK(same_bytes(&orig, &ck.catalog));
 	for (size_t i = 0; rs_diag_line(d, i); i++)
 		fprintf(stderr, "%s\n", rs_diag_line(d, i));
@@ -207,22 +233,22 @@ static void test_refusals(void)
 	rs_catalog_init(&ck.catalog);
 	hf_llama(&ck.catalog);
 	add(&ck.catalog, "model.extra.thing", 2, 2);
-	CHECK(rs_remap(&ck, to_m, NULL, 0, &dims, d) == -EINVAL);
+	CHECK(rs_remap(&ck, to_m, NULL, 0, "rules.json", &dims, d) == -EINVAL);
 	CHECK(rs_diag_count(d) == 1 && strstr(rs_diag_line(d, 0), "model.extra.thing has no mcore name"));
 	CHECK(find(&ck.catalog, "model.embed_tokens.weight") != NULL);
 	/* a user row that leaves it out */
-	CHECK(rs_remap(&ck, to_m, user, 1, &dims, d) == 0);
+	CHECK(rs_remap(&ck, to_m, user, 1, "rules.json", &dims, d) == 0);
 	rs_catalog_free(&ck.catalog);
 
 	rs_catalog_init(&ck.catalog);
 	hf_llama(&ck.catalog);
-	CHECK(rs_remap(&ck, to_m, NULL, 0, &odd, d) == -EINVAL);
+	CHECK(rs_remap(&ck, to_m, NULL, 0, "rules.json", &odd, d) == -EINVAL);
 	CHECK(strstr(rs_diag_line(d, rs_diag_count(d) - 1), "do not divide into the heads"));
 	rs_catalog_free(&ck.catalog);
 
 	rs_catalog_init(&ck.catalog);
 	add(&ck.catalog, "model.layers.0.mlp.gate_proj.weight", FFN, HID);
-	CHECK(rs_remap(&ck, to_m, NULL, 0, &dims, d) == -EINVAL);
+	CHECK(rs_remap(&ck, to_m, NULL, 0, "rules.json", &dims, d) == -EINVAL);
 	CHECK(strstr(rs_diag_line(d, rs_diag_count(d) - 1), "model.layers.0.mlp.up_proj.weight"));
 	rs_catalog_free(&ck.catalog);
 	rs_diag_free(d);
@@ -245,9 +271,9 @@ static void test_drop_stacked(void)
 	rs_catalog_init(&ck.catalog);
 	hf_llama(&ck.catalog);
 	CHECK(rs_remap(&ck, rs_family_find("llama", "hf", "mcore"), NULL, 0,
-		       &dims, d) == 0);
+		       "rules.json", &dims, d) == 0);
 	CHECK(rs_remap(&ck, rs_family_find("llama", "mcore", "hf"), drop, 1,
-		       &dims, d) == 0);
+		       "rules.json", &dims, d) == 0);
 	CHECK(find(&ck.catalog, "model.layers.0.input_layernorm.weight") == NULL);
 	CHECK(find(&ck.catalog, "model.layers.0.post_attention_layernorm.weight") != NULL);
 	rs_catalog_free(&ck.catalog);
@@ -257,6 +283,7 @@ static void test_drop_stacked(void)
 int main(void)
 {
 	test_match();
+	test_match_bounded();
 	test_round_trip();
 	test_drop_stacked();
 	test_refusals();
