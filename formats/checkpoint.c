@@ -89,8 +89,7 @@ int rs_checkpoint_init(rs_checkpoint *ck, const char *root, rs_diag *d)
 	int err;
 
 	memset(ck, 0, sizeof(*ck));
-	ck->facts.norm_eps = ck->facts.rope_theta = NAN;
-	ck->facts.tied = ck->facts.gated = -1;
+	rs_facts_init(&ck->facts);
 	ck->model.norm_eps = ck->model.rope_theta = NAN;
 	rs_catalog_init(&ck->catalog);
 	ck->root_path = strdup(root);
@@ -178,6 +177,7 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	rs_catalog_free(&ck->catalog);
 	rs_sources_free(ck->sources);
 	rs_model_config_free(&ck->model);
+	rs_facts_free(&ck->facts);
 	free(ck->root_path);
 	memset(ck, 0, sizeof(*ck));
 }
@@ -660,72 +660,6 @@ int rs_checkpoint_enter(rs_checkpoint *ck, const char *iter_dir, rs_diag *d)
 	return 0;
 }
 
-/* --- model facts from Megatron's args --- */
-
-/* A non-negative int field of args, or 0. */
-static uint32_t args_u32(const rs_pvalue *args, const char *name)
-{
-	int64_t v;
-
-	if (rs_pv_int(rs_pv_get(args, name), &v) != 0 || v < 0 ||
-	    v > UINT32_MAX)
-		return 0;
-	return (uint32_t)v;
-}
-
-/* A string field of args into out (empty when absent or too long). */
-static void args_str(const rs_pvalue *args, const char *name, char *out,
-		     size_t size)
-{
-	size_t len = 0;
-	const char *s = rs_pv_str(rs_pv_get(args, name), &len);
-
-	out[0] = 0;
-	if (s && len < size && strlen(s) == len)
-		memcpy(out, s, len + 1);
-}
-
-/* A bool field of args: 1, 0, or -1 when absent. */
-static int args_bool(const rs_pvalue *args, const char *name)
-{
-	bool b;
-
-	return rs_pv_bool(rs_pv_get(args, name), &b) == 0 ? b : -1;
-}
-
-void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
-				   const char *from)
-{
-	rs_model_facts *f = &ck->facts;
-	bool gqa = false;
-	uint32_t heads = args_u32(args, "num_attention_heads");
-	uint32_t groups = heads;
-	int untied = args_bool(args, "untie_embeddings_and_output_weights");
-	double v;
-
-	if (rs_pv_bool(rs_pv_get(args, "group_query_attention"), &gqa) == 0 &&
-	    gqa)
-		groups = args_u32(args, "num_query_groups");
-	if (!heads || !groups)
-		return;
-	f->heads = heads;
-	f->query_groups = groups;
-	f->head_dim = args_u32(args, "kv_channels");
-	f->vocab = args_u32(args, "vocab_size");
-	f->max_positions = args_u32(args, "max_position_embeddings");
-	f->norm_eps = rs_pv_float(rs_pv_get(args, "norm_epsilon"), &v) == 0
-			      ? v : NAN;
-	f->rope_theta = rs_pv_float(rs_pv_get(args, "rotary_base"), &v) == 0
-				? v : NAN;
-	f->tied = untied < 0 ? -1 : !untied;
-	f->gated = args_bool(args, "swiglu");
-	args_str(args, "normalization", f->normalization,
-		 sizeof(f->normalization));
-	args_str(args, "position_embedding_type", f->position,
-		 sizeof(f->position));
-	f->from = from;
-}
-
 /* Megatron-LM's common.pt is args, optimizer param groups and rng state,
  * an optimizer record param groups: kilobytes to a few MB. */
 #define PICKLE_MAX (64u << 20)
@@ -779,7 +713,7 @@ out:
 	return err;
 }
 
-int rs_checkpoint_read_common(rs_checkpoint *ck)
+int rs_checkpoint_read_common(rs_checkpoint *ck, rs_diag *d)
 {
 	const rs_entry *common = rs_checkpoint_top_entry(ck, "common.pt");
 	rs_pickle *pk = NULL;
@@ -795,9 +729,13 @@ int rs_checkpoint_read_common(rs_checkpoint *ck)
 	if (err)
 		return err == -ENOMEM ? err : 0;        /* facts stay unknown */
 	args = rs_pv_get(rs_pickle_root(pk), "args");
-	if (rs_pv_call_is(args, "argparse.Namespace"))
-		rs_checkpoint_facts_from_args(ck, rs_pv_state(args),
-					      "common.pt args");
+	if (rs_pv_call_is(args, "argparse.Namespace")) {
+		char path[PATH_MAX + 16];
+
+		snprintf(path, sizeof(path), "%s/common.pt", ck->dir_path);
+		err = rs_facts_from_args(&ck->facts, rs_pv_state(args),
+					 "common.pt args", path, d);
+	}
 	rs_pickle_free(pk);
-	return 0;
+	return err;
 }

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "formats/codec/pickle.h"
+#include "formats/facts.h"
 #include "formats/model.h"
 #include "planner/catalog.h"
 #include "planner/diag.h"
@@ -129,24 +130,6 @@ typedef struct {
 	size_t len;
 } rs_made_file;
 
-/* What the tensor shapes cannot tell about the model, from the
- * checkpoint's own records (Megatron's args, an HF config.json); 0 (NAN
- * for the doubles, -1 for the tri-states) where unknown.  The layout
- * refuses a TP that would cut a query group; the bridge
- * (formats/bridge/bridge.h) takes the rest for an HF config.json. */
-typedef struct {
-	uint32_t heads;         /* attention heads */
-	uint32_t query_groups;  /* GQA query groups (KV heads); heads for MHA */
-	uint32_t head_dim;      /* kv_channels */
-	uint64_t vocab;         /* the true vocab (args.vocab_size) */
-	uint64_t max_positions;
-	double norm_eps, rope_theta;
-	int tied;               /* output layer shares the embeddings */
-	int gated;              /* swiglu */
-	char normalization[16]; /* "RMSNorm", "LayerNorm" */
-	char position[16];      /* position_embedding_type: "rope", ... */
-	const char *from;       /* which record said so, for messages */
-} rs_model_facts;
 
 struct rs_checkpoint {
 	const rs_format_def *format;
@@ -220,16 +203,6 @@ int rs_checkpoint_charge(rs_checkpoint *ck, uint64_t bytes, const char *path,
  * checkpoint's metadata.json. */
 int rs_checkpoint_carry(const rs_checkpoint *ck, rs_vtree *t);
 
-/* Megatron's saved args (an argparse.Namespace's parsed state dict: the
- * legacy rank files' and a dist checkpoint's common.pt `args`) into
- * ck->facts: num_attention_heads, num_query_groups when
- * group_query_attention is set, kv_channels, vocab_size, norm_epsilon,
- * rotary_base, max_position_embeddings,
- * untie_embeddings_and_output_weights, swiglu, normalization and
- * position_embedding_type.  `from` names the record in messages. */
-void rs_checkpoint_facts_from_args(rs_checkpoint *ck, const rs_pvalue *args,
-				   const char *from);
-
 /* Removes (and frees) every byte item whose fqn starts with `prefix`. */
 void rs_checkpoint_drop_blobs(rs_checkpoint *ck, const char *prefix);
 
@@ -243,9 +216,10 @@ int rs_checkpoint_read_pickle(rs_checkpoint *ck, uint32_t source,
 			      rs_pickle **pk, char *msg, size_t size);
 
 /* A dist checkpoint's common.pt, when it has one with args, into
- * ck->facts.  Optional: a common.pt this cannot read leaves the facts
- * unknown, never refuses the checkpoint.  0 or -ENOMEM. */
-int rs_checkpoint_read_common(rs_checkpoint *ck);
+ * ck->facts (formats/facts.h).  A common.pt this cannot parse leaves the
+ * facts unknown and does not refuse the checkpoint; args it parses whose
+ * values are out of range do (-EINVAL, reported).  0 or -ENOMEM. */
+int rs_checkpoint_read_common(rs_checkpoint *ck, rs_diag *d);
 
 /* GLOBALs Megatron-LM's saved state may name (args with their enums and
  * paths, numpy rng state, the rerun state machine): the legacy reader's

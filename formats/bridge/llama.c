@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,29 +25,6 @@ typedef struct {
 	double *out;
 	bool needed;
 } fact;
-
-static int number_of(const cJSON *o, const char *key, double *out)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	if (cJSON_IsBool(v)) {
-		*out = cJSON_IsTrue(v);
-		return 1;
-	}
-	if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
-	    v->valuedouble < 0)
-		return -1;
-	*out = v->valuedouble;
-	return 1;
-}
-
-/* Whole numbers must be whole. */
-static bool whole(const char *field)
-{
-	return strcmp(field, "rms_norm_eps") && strcmp(field, "rope_theta");
-}
 
 static void fmt(char *out, size_t size, const char *field, double v)
 {
@@ -93,13 +71,11 @@ static int settle(const rs_checkpoint *ck, const rs_bridge_opts *o,
 	for (size_t i = 0; i < n; i++) {
 		fact *f = &facts[i];
 		double u = NAN;
-		int got = user ? number_of(user, f->field, &u) : 0;
+		int got = user ? rs_facts_hf_number(user, f->field, o->hf_config,
+						    &u, d) : 0;
 		char x[40], y[40];
 
-		if (got < 0 || (got > 0 && whole(f->field) && u != floor(u))) {
-			rs_diag_add(d, "%s: %s must be a non-negative %s",
-				    o->hf_config, f->field,
-				    whole(f->field) ? "integer" : "number");
+		if (got < 0) {
 			err = -EINVAL;
 			continue;
 		}
@@ -180,7 +156,7 @@ int rs_llama_from_mcore(rs_checkpoint *ck, const rs_family *f,
 			    stored_out ? "stores" : "has no");
 		err = -EINVAL;
 	}
-	if (!err && a->normalization[0] && strcmp(a->normalization, "RMSNorm")) {
+	if (!err && a->normalization && strcmp(a->normalization, "RMSNorm")) {
 		rs_diag_add(d, "%s: %s say normalization %s; the hf view writes Llama, whose norms are RMSNorm",
 			    ck->dir_path, a->from, a->normalization);
 		err = -EINVAL;
@@ -190,7 +166,7 @@ int rs_llama_from_mcore(rs_checkpoint *ck, const rs_family *f,
 			    ck->dir_path, a->from);
 		err = -EINVAL;
 	}
-	if (!err && a->position[0] && strcmp(a->position, "rope")) {
+	if (!err && a->position && strcmp(a->position, "rope")) {
 		rs_diag_add(d, "%s: %s say position_embedding_type %s; the hf view writes Llama, which uses RoPE",
 			    ck->dir_path, a->from, a->position);
 		err = -EINVAL;
@@ -244,6 +220,13 @@ int rs_llama_check_mcore(rs_checkpoint *ck, const rs_bridge_opts *o,
 			    ck->dir_path);
 		return -EINVAL;
 	}
+	if (e->shape[1] > UINT32_MAX || g->shape[0] > UINT32_MAX ||
+	    q->shape[0] / m->heads > UINT32_MAX) {
+		rs_diag_add(d, "%s: embeddings of %llu columns or linear_fc1 of %llu rows: beyond the sizes an HF config holds",
+			    ck->dir_path, (unsigned long long)e->shape[1],
+			    (unsigned long long)(2 * g->shape[0]));
+		return -EINVAL;
+	}
 	m->hidden = (uint32_t)e->shape[1];
 	m->ffn = (uint32_t)g->shape[0];
 	m->head_dim = (uint32_t)(q->shape[0] / m->heads);
@@ -291,8 +274,12 @@ int rs_llama_check_mcore(rs_checkpoint *ck, const rs_bridge_opts *o,
 		for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
 			double u;
 
-			if (number_of(user, shown[i].field, &u) > 0 &&
-			    u != (double)shown[i].v) {
+			int got = rs_facts_hf_number(user, shown[i].field,
+						     o->hf_config, &u, d);
+
+			if (got < 0)
+				err = -EINVAL;
+			if (got > 0 && u != (double)shown[i].v) {
 				rs_diag_add(d, "%s: %s is %.17g, but the checkpoint's tensors say %llu",
 					    o->hf_config, shown[i].field, u,
 					    (unsigned long long)shown[i].v);
@@ -307,18 +294,19 @@ int rs_llama_check_mcore(rs_checkpoint *ck, const rs_bridge_opts *o,
 int rs_llama_from_hf(rs_checkpoint *ck, const rs_family *f,
 		     rs_map_dims *dims, rs_diag *d)
 {
-	char *text = NULL, why[160];
+	char *text = NULL, why[160], path[PATH_MAX + 16];
 	size_t len = 0;
 	cJSON *cfg = NULL;
-	double heads = 0, kv = 0, tied = 0, bias = 0, vocab = 0;
+	double bias = 0;
 	const cJSON *type;
 	int err = rs_checkpoint_read_file(ck, "config.json", CONFIG_MAX, &text,
 					  &len, NULL, d);
 
 	(void)f;
+	snprintf(path, sizeof(path), "%s/config.json", ck->dir_path);
 	if (err == -ENOENT) {
-		rs_diag_add(d, "%s/config.json: missing; -o names=mcore takes an HF transformers model directory (save_pretrained's config.json and safetensors)",
-			    ck->dir_path);
+		rs_diag_add(d, "%s: missing; -o names=mcore takes an HF transformers model directory (save_pretrained's config.json and safetensors)",
+			    path);
 		return -EINVAL;
 	}
 	if (err)
@@ -326,56 +314,38 @@ int rs_llama_from_hf(rs_checkpoint *ck, const rs_family *f,
 	err = rs_json_parse_object(text, len, &cfg, why, sizeof(why));
 	free(text);
 	if (err == -EINVAL)
-		rs_diag_add(d, "%s/config.json: %s", ck->dir_path, why);
+		rs_diag_add(d, "%s: %s", path, why);
 	if (err)
 		return err;
 	type = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
 	if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama")) {
-		rs_diag_add(d, "%s/config.json: model_type is %s%s%s; -o names=mcore maps the llama family (formats/model.c)",
-			    ck->dir_path, cJSON_IsString(type) ? "\"" : "",
+		rs_diag_add(d, "%s: model_type is %s%s%s; -o names=mcore maps the llama family (formats/model.c)",
+			    path, cJSON_IsString(type) ? "\"" : "",
 			    cJSON_IsString(type) ? type->valuestring : "not given",
 			    cJSON_IsString(type) ? "\"" : "");
 		err = -EINVAL;
 	}
-	if (!err && (number_of(cfg, "num_attention_heads", &heads) <= 0 ||
-		     heads < 1 || heads > 65536 || heads != floor(heads))) {
-		rs_diag_add(d, "%s/config.json: num_attention_heads is not a head count",
-			    ck->dir_path);
+	/* the heads, KV heads, vocab and tying, range-checked */
+	if (!err)
+		err = rs_facts_from_hf(&ck->facts, cfg, path, d);
+	if (!err && !ck->facts.heads) {
+		rs_diag_add(d, "%s: num_attention_heads is missing", path);
 		err = -EINVAL;
 	}
-	if (!err) {
-		int got = number_of(cfg, "num_key_value_heads", &kv);
-
-		if (got == 0)
-			kv = heads;
-		if (got < 0 || kv < 1 || kv != floor(kv) ||
-		    (uint32_t)heads % (uint32_t)kv) {
-			rs_diag_add(d, "%s/config.json: num_key_value_heads does not divide num_attention_heads",
-				    ck->dir_path);
-			err = -EINVAL;
-		}
-	}
-	/* LlamaConfig's default: untied */
-	if (!err && number_of(cfg, "tie_word_embeddings", &tied) < 0)
-		tied = 0;
-	if (!err && ((number_of(cfg, "attention_bias", &bias) > 0 && bias) ||
-		     (number_of(cfg, "mlp_bias", &bias) > 0 && bias))) {
-		rs_diag_add(d, "%s/config.json: attention_bias or mlp_bias is set; the llama table (formats/model.c) maps models without biases",
-			    ck->dir_path);
+	if (!err && ((rs_facts_hf_number(cfg, "attention_bias", path, &bias, d) > 0 && bias) ||
+		     (rs_facts_hf_number(cfg, "mlp_bias", path, &bias, d) > 0 && bias))) {
+		rs_diag_add(d, "%s: attention_bias or mlp_bias is set; the llama table (formats/model.c) maps models without biases",
+			    path);
 		err = -EINVAL;
 	}
-	if (!err && number_of(cfg, "vocab_size", &vocab) > 0)
-		ck->model.vocab = (uint64_t)vocab;
 	cJSON_Delete(cfg);
 	if (err)
 		return err;
-	ck->facts.heads = (uint32_t)heads;
-	ck->facts.query_groups = (uint32_t)kv;
-	ck->facts.from = "config.json";
 	ck->model.from = "config.json";
-	ck->model.heads = (uint32_t)heads;
-	ck->model.kv_heads = (uint32_t)kv;
-	ck->model.tied = tied != 0;
+	ck->model.heads = ck->facts.heads;
+	ck->model.kv_heads = ck->facts.query_groups;
+	ck->model.vocab = ck->facts.vocab;
+	ck->model.tied = ck->facts.tied == 1;   /* LlamaConfig's default: untied */
 	*dims = (rs_map_dims){ ck->model.heads, ck->model.kv_heads, 0,
 			       ck->model.tied };
 	return 0;

@@ -93,7 +93,7 @@ int rs_meg_read_args(rs_meg_reader *r, const char *path)
 	rs_meg_state *st = r->st;
 	uint64_t v, layers = 0;
 	const char *name = NULL;
-	int got;
+	int got, err;
 
 	st->args = rs_pv_get(st->top, "args");
 	if (!rs_pv_call_is(st->args, "argparse.Namespace") ||
@@ -150,7 +150,10 @@ int rs_meg_read_args(rs_meg_reader *r, const char *path)
 		return -EINVAL;
 	}
 	r->lpc = layers / ((uint64_t)st->pp * st->vpp);
-	rs_checkpoint_facts_from_args(r->ck, rs_pv_state(st->args), "args");
+	err = rs_facts_from_args(&r->ck->facts, rs_pv_state(st->args), "args",
+				 path, r->d);
+	if (err)
+		return err;
 	r->gated = arg_set(st, "swiglu");
 	st->tied = !arg_set(st, "untie_embeddings_and_output_weights");
 	return check_version(r, path);
@@ -183,7 +186,32 @@ static bool same(const rs_pvalue *a, const rs_pvalue *b)
 	}
 }
 
-/* Every rank file must be of the same save as the first. */
+/* A scalar as messages show it ("absent" for NULL). */
+static void value_text(const rs_pvalue *v, char *out, size_t size)
+{
+	int64_t i;
+	double x;
+	bool b;
+	const char *s;
+
+	if (!v)
+		snprintf(out, size, "absent");
+	else if (rs_pv_kind(v) == RS_PV_NONE)
+		snprintf(out, size, "None");
+	else if (rs_pv_bool(v, &b) == 0)
+		snprintf(out, size, "%s", b ? "True" : "False");
+	else if (rs_pv_int(v, &i) == 0)
+		snprintf(out, size, "%lld", (long long)i);
+	else if (rs_pv_float(v, &x) == 0)
+		snprintf(out, size, "%.17g", x);
+	else if ((s = rs_pv_str(v, NULL)))
+		snprintf(out, size, "'%.60s'", s);
+	else
+		snprintf(out, size, "another value");
+}
+
+/* Every rank file must be of the same save as the first, and say the
+ * same of the model: a view takes its facts from the first. */
 int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
 		      const char *path)
 {
@@ -204,10 +232,32 @@ int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
 	}
 	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
 		if (!same(rs_pv_get(args, fields[i]), arg(r->st, fields[i]))) {
-			rs_diag_add(r->d, "%s: args.%s differs from TP rank 0, stage 0's",
-				    path, fields[i]);
+			char a[80], b[80];
+
+			value_text(rs_pv_get(args, fields[i]), a, sizeof(a));
+			value_text(arg(r->st, fields[i]), b, sizeof(b));
+			rs_diag_add(r->d, "%s: args.%s is %s, but %s (TP rank 0, stage 0) says %s",
+				    path, fields[i], a, r->st->first_path, b);
 			return -EINVAL;
 		}
+	{
+		rs_model_facts f;
+		const char *field;
+		char a[80], b[80];
+		int err;
+
+		rs_facts_init(&f);
+		err = rs_facts_from_args(&f, args, "args", path, r->d);
+		if (!err && rs_facts_differ(&f, &r->ck->facts, &field, a, b,
+					    sizeof(a))) {
+			rs_diag_add(r->d, "%s: args.%s is %s, but %s (TP rank 0, stage 0) says %s",
+				    path, field, a, r->st->first_path, b);
+			err = -EINVAL;
+		}
+		rs_facts_free(&f);
+		if (err)
+			return err;
+	}
 	return 0;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -673,7 +674,7 @@ static int check_duplicates(reader *r)
 	return err;
 }
 
-static void read_config(rs_checkpoint *ck);
+static int read_config(rs_checkpoint *ck, rs_diag *d);
 
 int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 			rs_diag *d)
@@ -737,36 +738,34 @@ int rs_safetensors_read(rs_checkpoint *ck, const rs_open_opts *o,
 	free(r.pairs);
 	cJSON_Delete(r.index);
 	if (!err && !bad)
-		read_config(ck);
+		err = read_config(ck, d);
 	return err ? err : bad;
 }
 
 /* HF's config.json, when SOURCE has one: the heads and KV heads the
- * layout must not cut.  Optional: a config this cannot read says nothing
- * (it is passed through as stored either way). */
-static void read_config(rs_checkpoint *ck)
+ * layout must not cut (formats/facts.h).  A file that is not a JSON object
+ * says nothing (it is passed through as stored either way); one whose
+ * facts are out of range refuses the checkpoint. */
+static int read_config(rs_checkpoint *ck, rs_diag *d)
 {
-	char *text = NULL, why[100];
+	char *text = NULL, why[100], path[PATH_MAX + 16];
 	size_t len;
 	cJSON *cfg = NULL;
-	uint64_t heads = 0, groups = 0;
 	rs_diag *quiet = rs_diag_new();
+	int err = 0;
 
-	if (quiet && rs_checkpoint_read_file(ck, "config.json", 1u << 20, &text,
-					     &len, NULL, quiet) == 0 &&
-	    rs_json_parse_object(text, len, &cfg, why, sizeof(why)) == 0 &&
-	    rs_json_u64(cJSON_GetObjectItemCaseSensitive(cfg, "num_attention_heads"),
-			&heads) && heads && heads <= UINT32_MAX) {
-		if (!rs_json_u64(cJSON_GetObjectItemCaseSensitive(cfg, "num_key_value_heads"),
-				 &groups) || !groups || groups > heads)
-			groups = heads;
-		ck->facts.heads = (uint32_t)heads;
-		ck->facts.query_groups = (uint32_t)groups;
-		ck->facts.from = "config.json";
+	if (!quiet)
+		return -ENOMEM;
+	if (rs_checkpoint_read_file(ck, "config.json", 1u << 20, &text, &len,
+				    NULL, quiet) == 0 &&
+	    rs_json_parse_object(text, len, &cfg, why, sizeof(why)) == 0) {
+		snprintf(path, sizeof(path), "%s/config.json", ck->dir_path);
+		err = rs_facts_from_hf(&ck->facts, cfg, path, d);
 	}
 	cJSON_Delete(cfg);
 	free(text);
 	rs_diag_free(quiet);
+	return err;
 }
 
 static rs_detect detect(const char *name, mode_t mode)
