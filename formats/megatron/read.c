@@ -261,6 +261,16 @@ static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
 	return 0;
 }
 
+/* The word embeddings under every name this reader takes: Megatron-LM's
+ * legacy model, and megatron-core's that Megatron-LM's --ckpt-format
+ * torch writes.  The view re-pads it and rewrites args.padded_vocab_size
+ * from its rows. */
+static const char *const word_embedding_names[] = {
+	"language_model.embedding.word_embeddings.weight",
+	"embedding.word_embeddings.weight",
+	NULL,
+};
+
 static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 {
 	uint32_t src = f->ranks[(size_t)p * f->st->tp + t].src;
@@ -298,9 +308,10 @@ static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 		err = rs_meg_add_rank(r, &z, top, p, t, src, path);
 	if (!err && p == 0 && t == 0)
 		for (size_t i = 0; i < f->ck->catalog.count; i++)
-			if (strcmp(f->ck->catalog.tensors[i].name,
-				   "language_model.embedding.word_embeddings.weight") == 0)
-				f->st->word_emb = (long)i;
+			for (size_t k = 0; word_embedding_names[k]; k++)
+				if (strcmp(f->ck->catalog.tensors[i].name,
+					   word_embedding_names[k]) == 0)
+					f->st->word_emb = (long)i;
 out:
 	rs_pickle_free(pk);
 	rs_zip_free(&z);

@@ -165,6 +165,13 @@ def main():
             assert layers_seen == set(range(lpc)), (name, key, layers_seen)
     assert set(shards) == set(want), \
         (sorted(set(shards) ^ set(want)))
+    # args say what the shapes are: the padded vocab is the embedding's rows
+    # (and the output layer's) over all TP ranks
+    for flat, parts in shards.items():
+        if flat.endswith(("word_embeddings.weight", "output_layer.weight")):
+            rows = sum(parts[t].shape[0] for t in parts)
+            assert getattr(args, "padded_vocab_size", rows) == rows, \
+                (flat, rows, args.padded_vocab_size)
     for flat, parts in shards.items():
         assert sorted(parts) == list(range(tp)), flat
         full = merge(flat, [parts[t] for t in range(tp)], gated)
