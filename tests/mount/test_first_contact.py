@@ -1,12 +1,14 @@
 """What a new user meets first: --dry-run, refusals that lead with a
 summary, hints for options given the way other tools take them, a second
-mount on a mount point, and the query-group warning.
+mount on a mount point, the query-group warning, and the stats file's word
+on CUDA on a machine without a GPU.
 
 The dry run is checked against the real mount of the same SOURCE and
 options (the oracle: the files and bytes the mounted tree holds), and
 against the catalog the sample writer made.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -135,6 +137,28 @@ def test_second_mount_on_a_mount_point_refused(reshardfs_bin, sample, mount,
     assert "fusermount3 -u" in err
     # the first mount still serves
     assert os.listdir(m.mnt)
+
+
+def _has_nvidia():
+    return any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl",
+                                           "/proc/driver/nvidia/version"))
+
+
+@pytest.mark.skipif(_has_nvidia(), reason="an NVIDIA driver or GPU is here")
+def test_stats_say_no_gpu(sample, mount, failing_mount):
+    """Without a driver the CUDA runtime says its driver is "insufficient";
+    the stats file (and executor=cuda's refusal) say what is missing."""
+    m = mount(sample(2), ["tp=2"])
+    es = json.loads((m.mnt / ".reshardfs" / "stats").read_text())[
+        "executor_stats"]
+    if not es["cuda_built"]:
+        pytest.skip("this reshardfs was built without CUDA")
+    assert es["cuda_status"].startswith(
+        "cuda: no usable device: no NVIDIA driver or GPU found")
+    rc, err = failing_mount(sample(2), ["executor=cuda"])
+    assert rc == 1 and err.splitlines()[0].startswith(
+        "reshardfs: executor=cuda: cuda: no usable device: no NVIDIA "
+        "driver or GPU found")
 
 
 def test_query_group_warning(sample, mount, reshardfs_bin):
