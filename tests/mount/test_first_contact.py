@@ -1,7 +1,7 @@
 """What a new user meets first: --dry-run, refusals that lead with a
 summary, hints for options given the way other tools take them, a second
-mount on a mount point, the query-group warning, and the stats file's word
-on CUDA on a machine without a GPU.
+mount on a mount point, a non-empty mount point, the query-group warning,
+and the stats file's word on CUDA on a machine without a GPU.
 
 The dry run is checked against the real mount of the same SOURCE and
 options (the oracle: the files and bytes the mounted tree holds), and
@@ -137,6 +137,28 @@ def test_second_mount_on_a_mount_point_refused(reshardfs_bin, sample, mount,
     assert "fusermount3 -u" in err
     # the first mount still serves
     assert os.listdir(m.mnt)
+
+
+def test_non_empty_mount_point_warns(sample, mount, tmp_path):
+    """libfuse 3 mounts over a directory with entries: the view hides them
+    until the unmount, which one warning line says; they come back."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    (mnt / "notes.txt").write_text("mine")
+    (mnt / "sub").mkdir()
+    m = mount(sample(2), ["tp=2"], name="full")
+    assert "notes.txt" not in os.listdir(m.mnt)
+    assert "metadata.json" in os.listdir(m.mnt)
+    warnings = [ln for ln in m.log().splitlines() if "warning" in ln]
+    assert warnings == [f"reshardfs: warning: {mnt} is not empty: its 2 "
+                        "entries are hidden under the view until it is "
+                        "unmounted"]
+    m.unmount()
+    assert sorted(os.listdir(mnt)) == ["notes.txt", "sub"]
+    assert (mnt / "notes.txt").read_text() == "mine"
+    # an empty mount point: no warning
+    m = mount(sample(2), ["tp=2"], name="empty")
+    assert "warning" not in m.log()
 
 
 def _has_nvidia():
