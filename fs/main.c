@@ -18,6 +18,7 @@
 #include "fs/fs.h"
 #include "fs/log.h"
 #include "fs/mountpoint.h"
+#include "fs/option_names.h"
 #include "fs/options.h"
 #include "formats/bridge/bridge.h"
 
@@ -50,6 +51,8 @@ static void usage(const char *prog)
 	printf("FUSE options:\n");
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
+	printf("\n");
+	rs_option_names_help();
 }
 
 static void print_diag(const rs_diag *d)
