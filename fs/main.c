@@ -8,7 +8,6 @@
  * source fails with its reasons on stderr and leaves no mount behind.
  */
 #include <errno.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,8 @@
 
 #include "fs/fs.h"
 #include "fs/log.h"
+#include "fs/mountpoint.h"
+#include "fs/option_names.h"
 #include "fs/options.h"
 #include "formats/bridge/bridge.h"
 
@@ -50,6 +51,8 @@ static void usage(const char *prog)
 	printf("FUSE options:\n");
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
+	printf("\n");
+	rs_option_names_help();
 }
 
 static void print_diag(const rs_diag *d)
@@ -232,45 +235,6 @@ out:
 	return err;
 }
 
-/* Whether path is already where something is mounted (by
- * /proc/self/mountinfo): reshardfs would hide it, or stack on it. */
-static bool is_mounted_at(const char *path, char *what, size_t size)
-{
-	char real[PATH_MAX], line[8192];
-	bool found = false;
-	FILE *f;
-
-	if (!realpath(path, real) || !(f = fopen("/proc/self/mountinfo", "re")))
-		return false;
-	while (fgets(line, sizeof(line), f)) {
-		char mnt[PATH_MAX], *p = line, *dash;
-		size_t n = 0;
-		int field = 0;
-
-		/* Field 5 is the mount point, octal-escaped (\040 ...). */
-		for (; *p && field < 4; p++)
-			field += *p == ' ';
-		for (; *p && *p != ' ' && n + 1 < sizeof(mnt); p++) {
-			if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] && p[3]) {
-				mnt[n++] = (char)((p[1] - '0') * 64 + (p[2] - '0') * 8 +
-						  (p[3] - '0'));
-				p += 3;
-			} else {
-				mnt[n++] = *p;
-			}
-		}
-		mnt[n] = 0;
-		if (strcmp(mnt, real) != 0)
-			continue;
-		found = true;
-		dash = strstr(p, " - ");
-		snprintf(what, size, "%s", dash ? dash + 3 : "");
-		what[strcspn(what, " \n")] = 0;
-	}
-	fclose(f);
-	return found;
-}
-
 static void teardown(rs_fs *fs)
 {
 	rs_open_files_free_all(fs);
@@ -355,16 +319,8 @@ int main(int argc, char *argv[])
 	}
 	if (rs_options_validate(&o) != 0)
 		goto out_cmd;
-	if (!o.dry_run) {
-		char what[256];
-
-		if (is_mounted_at(cmd.mountpoint, what, sizeof(what))) {
-			fprintf(stderr, "reshardfs: %s: already a mount point (%s); unmount it first (fusermount3 -u %s) or choose another directory\n",
-				cmd.mountpoint, what[0] ? what : "mounted",
-				cmd.mountpoint);
-			goto out_cmd;
-		}
-	}
+	if (!o.dry_run && rs_mountpoint_check(cmd.mountpoint) != 0)
+		goto out_cmd;
 	rs_log_setup(cmd.debug);
 	raise_fd_limit();
 

@@ -1,6 +1,7 @@
 #include "fs/options.h"
 
 #include "formats/open.h"
+#include "fs/option_names.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -59,6 +60,33 @@ void rs_options_help(void)
 	printf("\n");
 }
 
+/* An option neither reshardfs nor libfuse takes: one line naming it, and
+ * the option closest to it when one is close. */
+static void unknown_option(const char *arg)
+{
+	bool dash = arg[0] == '-', flag = false;
+	const char *name = arg + strspn(arg, "-"), *eq = strchr(name, '=');
+	size_t len = eq ? (size_t)(eq - name) : strlen(name);
+	const rs_option_name *k = NULL;
+
+	/* "--dryrun" is a flag; "-tpp=2" and "--allow-other" are -o
+	 * options given with dashes */
+	if (dash && !eq)
+		flag = (k = rs_option_closest(arg, strlen(arg), true)) != NULL;
+	if (!k)
+		k = rs_option_closest(name, len, false);
+	if (!k)
+		fprintf(stderr, "reshardfs: %s%s: unknown option; reshardfs --help lists the options\n",
+			dash ? "" : "-o ", arg);
+	else if (flag)
+		fprintf(stderr, "reshardfs: %s: unknown option; did you mean %s?\n",
+			arg, k->name);
+	else
+		fprintf(stderr, "reshardfs: %s%s: unknown option; did you mean -o %s%s%s?\n",
+			dash ? "" : "-o ", arg, k->name, k->arg ? "=" : "",
+			!k->arg ? "" : eq && eq[1] ? eq + 1 : k->arg);
+}
+
 static int opt_proc(void *data, const char *arg, int key,
 		    struct fuse_args *outargs)
 {
@@ -102,20 +130,19 @@ static int opt_proc(void *data, const char *arg, int key,
 		o->verbose = true;
 		return 0;
 	default:
+		/* "-o tp=2," leaves an empty one, which libfuse takes in some
+		 * places and not in others (mount.fuse3 drops it too). */
+		if (!*arg)
+			return 0;
+		/* Refused here, not by fuse_session_new: a dry run never
+		 * reaches libfuse, and libfuse's line names no option meant. */
+		if (!rs_option_is_libfuse(arg)) {
+			unknown_option(arg);
+			o->unknown = true;
+			return 0;
+		}
 		return 1;
 	}
-}
-
-#define KNOWN(kind, name, field, arg, help) name,
-static const char *const known_names[] = { RS_OPTIONS(KNOWN) NULL };
-
-/* `name` (its first len bytes) is one of the -o options. */
-static bool is_known(const char *name, size_t len)
-{
-	for (const char *const *k = known_names; *k; k++)
-		if (strlen(*k) == len && strncmp(*k, name, len) == 0)
-			return true;
-	return false;
 }
 
 int rs_options_hint(int argc, char *argv[])
@@ -128,18 +155,20 @@ int rs_options_hint(int argc, char *argv[])
 			i++;            /* its value is -o's own */
 			continue;
 		}
-		if (strncmp(a, "--", 2) == 0) {
-			name = a + 2;
+		if (strncmp(a, "-o", 2) == 0)
+			continue;       /* -oOPTS, fuse_opt's joined form */
+		if (a[0] == '-') {      /* --tp 8, --tp=8, -tp=8 */
+			name = a + (a[1] == '-' ? 2 : 1);
 			eq = strchr(name, '=');
 			value = eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : "VALUE");
-		} else if (a[0] == '-' || !(eq = strchr(a, '=')) ||
-			   access(a, F_OK) == 0) {
-			continue;       /* an option of libfuse's, or a path */
+		} else if (!(eq = strchr(a, '=')) || access(a, F_OK) == 0) {
+			continue;       /* a path */
 		} else {
 			value = eq + 1;
 		}
 		eq = strchr(name, '=');
-		if (!is_known(name, eq ? (size_t)(eq - name) : strlen(name)))
+		if (!rs_option_is_own(name, eq ? (size_t)(eq - name)
+					       : strlen(name)))
 			continue;
 		fprintf(stderr, "reshardfs: %s: did you mean -o %.*s=%s?\n", a,
 			(int)(eq ? (size_t)(eq - name) : strlen(name)), name,
@@ -152,7 +181,9 @@ int rs_options_hint(int argc, char *argv[])
 int rs_options_parse(struct fuse_args *args, rs_options *o)
 {
 	memset(o, 0, sizeof(*o));
-	return fuse_opt_parse(args, o, rs_opt_spec, opt_proc);
+	if (fuse_opt_parse(args, o, rs_opt_spec, opt_proc) != 0)
+		return -1;
+	return o->unknown ? -1 : 0;
 }
 
 /* Strict decimal: digits only, no sign, no overflow. */

@@ -125,17 +125,20 @@ typedef struct {
 	 * by rs_options_validate. */
 	RS_OPTIONS(RS_OPTION_FIELD)
 	bool in_gpus;           /* parsing: the last option was gpus= */
+	bool unknown;           /* parsing: an unknown option was refused */
 } rs_options;
 
 #undef RS_OPTION_FIELD
 
 /* Looks for reshardfs options given the way other tools take them (a
- * bare `tp=8` that is not a path, `--tp 8`, `--tp=8`) and says, on
- * stderr, what to type instead: -1 then, else 0. */
+ * bare `tp=8` that is not a path, `--tp 8`, `--tp=8`, `-tp=8`) and says,
+ * on stderr, what to type instead: -1 then, else 0. */
 int rs_options_hint(int argc, char *argv[]);
 
 /* Parses and removes reshardfs's own options and SOURCE from args; the
- * rest (mountpoint, FUSE options) stays for libfuse.  Returns 0 or -1. */
+ * rest (mountpoint, FUSE options) stays for libfuse.  An option neither
+ * takes gets a line on stderr naming it (fs/option_names.h finds the
+ * option meant).  Returns 0 or -1. */
 int rs_options_parse(struct fuse_args *args, rs_options *o);
 
 /* Converts and checks the raw values; prints one line per problem to

@@ -652,6 +652,35 @@ static int device_init(cuda_dev *dev, rs_diag *d)
 	return 0;
 }
 
+/* Why cudaGetDeviceCount found no device (e: its error, or cudaSuccess
+ * with a count of 0).  The runtime says cudaErrorInsufficientDriver both
+ * when the driver is older than it and when there is no driver at all;
+ * cudaDriverGetVersion tells them apart (0: no driver). */
+static void no_device(cudaError_t e, rs_diag *d)
+{
+	const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+	int driver = 0, runtime = 0;
+
+	if (e == cudaErrorInsufficientDriver &&
+	    cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+		(void)cudaRuntimeGetVersion(&runtime);
+		rs_diag_add(d, "cuda: no usable device: %s (the driver supports "
+			    "CUDA %d.%d, this reshardfs needs %d.%d)",
+			    cudaGetErrorString(e), driver / 1000,
+			    driver % 1000 / 10, runtime / 1000,
+			    runtime % 1000 / 10);
+	} else if (e == cudaSuccess || e == cudaErrorNoDevice ||
+		   e == cudaErrorInsufficientDriver) {
+		rs_diag_add(d, "cuda: no usable device: no NVIDIA driver or GPU "
+			    "found%s%s%s", visible ? " (CUDA_VISIBLE_DEVICES=" : "",
+			    visible ? visible : "", visible ? ")" : "");
+	} else {
+		rs_diag_add(d, "cuda: no usable device: %s",
+			    cudaGetErrorString(e));
+	}
+	(void)cudaGetLastError();
+}
+
 static const rs_executor_ops cuda_ops = {
 	.name = "cuda",
 	.submit = cuda_submit,
@@ -691,9 +720,7 @@ int rs_cuda_executor_create(void **impl, const rs_executor_ops **ops,
 	e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess || count <= 0) {
 		(void)cudaGetLastError();
-		rs_diag_add(d, "cuda: no usable device: %s",
-			    e != cudaSuccess ? cudaGetErrorString(e)
-					     : "no device visible");
+		no_device(e, d);
 		return -ENODEV;
 	}
 	for (unsigned i = 0; i < ngpus; i++)

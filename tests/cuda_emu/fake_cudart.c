@@ -80,6 +80,7 @@ static _Atomic int doomed[NDEV_MAX];    /* fails at its next operation */
 static _Atomic long fail_at = -1;       /* value of `executed` that fails */
 static _Atomic long oom_left = -1;
 static _Atomic int no_image;
+static _Atomic int driver = CUDART_VERSION;     /* 0: none */
 static _Atomic unsigned launch_seq;
 static _Atomic long n_launches, n_threads, n_copies, n_copies_2d, n_memsets,
 	executed, n_streams, n_events;
@@ -189,6 +190,7 @@ void fake_cuda_reset(int n)
 	atomic_store(&fail_at, -1);
 	atomic_store(&oom_left, -1);
 	atomic_store(&no_image, 0);
+	atomic_store(&driver, CUDART_VERSION);
 }
 
 void fake_cuda_fail_after(long nops)
@@ -211,6 +213,11 @@ void fake_cuda_oom_after(long n)
 void fake_cuda_no_kernel_image(bool on)
 {
 	atomic_store(&no_image, on);
+}
+
+void fake_cuda_driver(int version)
+{
+	atomic_store(&driver, version);
 }
 
 void fake_cuda_get_counters(fake_cuda_counters *out)
@@ -242,6 +249,8 @@ const char *cudaGetErrorString(cudaError_t e)
 	case cudaErrorInvalidPitchValue: return "invalid pitch argument";
 	case cudaErrorInvalidDevice: return "invalid device ordinal";
 	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+	case cudaErrorInsufficientDriver:
+		return "CUDA driver version is insufficient for CUDA runtime version";
 	case cudaErrorNoKernelImageForDevice:
 		return "no kernel image is available for execution on the device";
 	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
@@ -269,8 +278,23 @@ cudaError_t cudaPeekAtLastError(void)
 
 cudaError_t cudaGetDeviceCount(int *n)
 {
+	/* as the real runtime: no driver, or an older one, is this error */
+	if (atomic_load(&driver) < CUDART_VERSION)
+		return ret(cudaErrorInsufficientDriver);
 	*n = device_count();
 	return *n ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaDriverGetVersion(int *v)
+{
+	*v = atomic_load(&driver);
+	return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+	*v = CUDART_VERSION;
+	return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *d)

@@ -38,6 +38,12 @@ void fake_cuda_oom_after(long n);
  * architecture the build did not compile for. */
 void fake_cuda_no_kernel_image(bool on);
 
+/* The CUDA version the driver supports, as cudaDriverGetVersion gives it
+ * (0: no driver).  Below this runtime's, cudaGetDeviceCount fails with
+ * cudaErrorInsufficientDriver, as the real runtime does both without a
+ * driver and with an older one.  fake_cuda_reset sets this runtime's. */
+void fake_cuda_driver(int version);
+
 typedef struct {
 	long launches;      /* kernels launched */
 	long threads;       /* kernel threads run */

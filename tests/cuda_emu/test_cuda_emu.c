@@ -34,6 +34,7 @@
  * warp-level behaviour, the errors a real driver gives) is listed in
  * fake_cudart.c and gen_emu.py; test_cuda on a GPU covers those.
  */
+#include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -323,6 +324,7 @@ static int run_kinds(rs_executor *ex, uint64_t seed)
 static void case_no_device(void)
 {
 	rs_executor_opts o = { .kind = RS_EXECUTOR_CUDA };
+	char want[256];
 	rs_executor_stats stats;
 	rs_executor *ex = NULL;
 	backend b;
@@ -330,8 +332,17 @@ static void case_no_device(void)
 
 	fake_cuda_reset(0);
 	CHECK(create_cuda(&b, &o) == -ENODEV && nlines == 1);
-	CHECK(strstr(line0, "no usable device") != NULL);
-	CHECK(strstr(line0, "no CUDA-capable device") != NULL);
+	CHECK(strstr(line0, "cuda: no usable device: no NVIDIA driver or GPU found") == line0);
+	fake_cuda_driver(0);    /* none at all: the runtime's error, our words */
+	CHECK(create_cuda(&b, &o) == -ENODEV && nlines == 1);
+	CHECK(strstr(line0, "cuda: no usable device: no NVIDIA driver or GPU found") == line0);
+	fake_cuda_driver(CUDART_VERSION - 1000);        /* an older one */
+	snprintf(want, sizeof(want), "cuda: no usable device: CUDA driver version is insufficient for CUDA runtime version (the driver supports CUDA %d.0, this reshardfs needs %d.%d)",
+		 CUDART_VERSION / 1000 - 1, CUDART_VERSION / 1000,
+		 CUDART_VERSION % 1000 / 10);
+	CHECK(create_cuda(&b, &o) == -ENODEV && nlines == 1);
+	CHECK(strcmp(line0, want) == 0);
+	fake_cuda_reset(0);
 
 	CHECK(create_exec(&ex, &o) == -ENODEV && nlines == 1);
 	CHECK(strncmp(line0, "executor=cuda: ", 15) == 0);

@@ -317,6 +317,9 @@ def _daemon_pids(mnt):
 # installed on this path.
 SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEMP_INSTALL = "/usr/local/sbin/reshardfs"
+# The options of an fstab line: reshardfs's and generic mount options, some
+# of which mount.fuse3 drops (_netdev, nofail) and some it adds (dev, suid).
+HELPER_OPTS = "ro,tp=8,noatime,nodev,nosuid,_netdev,nofail"
 
 
 def _mount_command(form, binary, src, mnt):
@@ -335,15 +338,15 @@ def _mount_command(form, binary, src, mnt):
                         "; `mount -t fuse.reshardfs` needs reshardfs "
                         "installed there (the other forms cover the helper)")
         return ["mount", "-t", "fuse.reshardfs", str(src), str(mnt),
-                "-o", "tp=8"], env
+                "-o", HELPER_OPTS], env
     if form == "mount.fuse3 -t reshardfs":
         helper = shutil.which("mount.fuse3") or "/sbin/mount.fuse3"
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
         return [helper, str(src), str(mnt), "-t", "reshardfs",
-                "-o", "tp=8"], env
+                "-o", HELPER_OPTS], env
     # old style: the program named in the source, absolute
     return ["mount", "-t", "fuse", f"{os.path.abspath(binary)}#{src}",
-            str(mnt), "-o", "tp=8"], env
+            str(mnt), "-o", HELPER_OPTS], env
 
 
 @pytest.mark.parametrize("form", ["mount -t fuse.reshardfs",
