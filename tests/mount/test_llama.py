@@ -186,6 +186,47 @@ def test_hf_view_per_rank(mcore_src, mount):
     check("hf", m.mnt, oracle)
 
 
+PER_RANK_VOCAB = """
+import sys, numpy as np, torch
+import torch.utils.cpp_extension as cpp_ext   # no JIT CUDA build on the CPU
+def no_jit(*a, **k):
+    raise RuntimeError("JIT CUDA extensions disabled (CPU-only run)")
+cpp_ext.load_inline = no_jit
+mnt, oracle, tp, padded = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+want = np.load(oracle + "/state.npz")
+for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+    parts = []
+    for t in range(tp):
+        sd = torch.load(f"{mnt}/mp_rank_{t:02d}/model_optim_rng.pt",
+                        weights_only=False)
+        assert sd["args"].padded_vocab_size == padded, sd["args"].padded_vocab_size
+        assert sd["args"].tensor_model_parallel_size == tp
+        parts.append(sd["model"][name].float().numpy())
+    full = np.concatenate(parts)
+    assert full.shape[0] == padded, (name, full.shape)
+    # the rows the source stores (its padding included) as stored, zeros
+    # past them
+    ref = want[name]
+    n = min(len(ref), padded)
+    assert np.array_equal(full[:n], ref[:n]), name
+    assert not full[n:].any(), name
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("tp,divisor,padded", [(4, 96, 1152), (2, 8, 1008)])
+def test_per_rank_vocab_size_mcore_names(mcore_src, mount, tp, divisor,
+                                         padded):
+    """Per-rank files under megatron-core's names (Megatron-LM's
+    --ckpt-format torch of an mcore model) re-padded by -o vocab_size=:
+    every rank's args.padded_vocab_size says what the shapes are."""
+    src, oracle = mcore_src("zarr", per_rank=True)
+    m = mount(src, [f"tp={tp}", "vocab_size=1000",
+                    f"vocab_divisor={divisor}"])
+    assert run_py("-c", PER_RANK_VOCAB, m.mnt, oracle, tp,
+                  padded).strip().endswith("ok")
+
+
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
 def test_hf_view_legacy_llama(mount, tmp_path, tp, pp):
     """Megatron-LM's legacy model in its Llama form (per-rank files,
