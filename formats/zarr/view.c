@@ -194,8 +194,12 @@ static int view_planned(rs_vtree *t, const rs_checkpoint *ck,
 static int dir_at(rs_vtree *t, uint32_t parent, const char *name,
 		  struct timespec mtime, uint32_t *dir)
 {
-	if (rs_vtree_lookup(t, parent, name, dir) == 0)
-		return t->nodes[*dir].is_dir ? 0 : -EEXIST;
+	if (rs_vtree_lookup(t, parent, name, dir) == 0) {
+		if (t->nodes[*dir].is_dir)
+			return 0;
+		t->clash = *dir + 1;
+		return -EEXIST;
+	}
 	return rs_vtree_add_dir(t, parent, name, mtime, dir);
 }
 

@@ -881,7 +881,9 @@ def _(md, d, ctx):
 
 @td_raw("td_file_named_like_tensor_as_zarr", "a file at the top named "
         "like a tensor, viewed as zarr (where the tensor is a directory)",
-        one("has the name of a tensor or byte item the zarr view writes"),
+        one("the zarr view would write two things at "
+            "decoder.final_layernorm.weight", "tensor "
+            "decoder.final_layernorm.weight"),
         opts=("tp=2", "format=zarr"))
 def _(d, ctx):
     (d / NORM).write_bytes(b"x")
