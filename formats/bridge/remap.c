@@ -43,11 +43,13 @@ static bool match_glob(const char *pat, const char *name)
 		for (size_t i = 0; i < n; i++) {
 			bool digit = *c >= '0' && *c <= '9';
 
-			if (at[i] && pat[i] == '*')
+			if (!at[i])
+				;
+			else if (pat[i] == '*')
 				nat[i] = true;
-			else if (at[i] && pat[i] == '#' && digit)
-				nrun[i] = true;
-			else if (at[i] && pat[i] == *c)
+			else if (pat[i] == '#')
+				nrun[i] = nrun[i] || digit;
+			else if (pat[i] == *c)
 				nat[i + 1] = true;
 			if (run[i] && digit)
 				nrun[i] = true;
@@ -315,11 +317,16 @@ typedef struct {
 	bool *taken, *dropped;
 } remap_ctx;
 
+static bool user_row(const remap_ctx *c, const rs_map_row *r)
+{
+	return c->nuser && r >= c->user && r < c->user + c->nuser;
+}
+
 /* Row r as messages name it: its patterns, and whose it is. */
 static void row_name(const remap_ctx *c, const rs_map_row *r, char *out,
 		     size_t size)
 {
-	bool user = r >= c->user && r < c->user + c->nuser;
+	bool user = user_row(c, r);
 
 	snprintf(out, size, "%s row \"%s\" <- \"%s\"%s%s%s",
 		 user ? "the names" : "the built-in", r->to ? r->to : "null",
@@ -424,7 +431,7 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 	}
 	/* A user's row is named where its target's name matters later (a
 	 * view file of that name, a layout that does not fit). */
-	if (!err && r >= c->user && r < c->user + c->nuser) {
+	if (!err && user_row(c, r)) {
 		char o[1100];
 
 		row_name(c, r, o, sizeof(o));

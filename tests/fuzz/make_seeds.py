@@ -250,6 +250,42 @@ def planner_seeds():
             write("planner", f"n{ndim}_mode{mode}.bin", head + tail)
 
 
+def bridge_seeds():
+    # rules NUL config.json NUL hf_config NUL "pattern\nname": the man
+    # page's rows, a clash with a built-in row, a drop row; a config that
+    # transformers' LlamaConfig writes; patterns with '#' and '*'
+    row = {"family": "llama", "from": "hf", "to": "mcore"}
+    rules = [
+        {"names": [dict(row, target="decoder.layers.#.self_attention.q_layernorm.weight",
+                        op="same", sources=["model.layers.#.self_attn.q_norm.weight"]),
+                   dict(row, target=None, sources=["model.layers.#.mlp.*"])]},
+        {"names": [dict(row, target="decoder.final_layernorm.weight",
+                        sources=["model.layers.#.post_attention_layernorm.weight"])]},
+        {"names": [dict(row, target="embedding.word_embeddings.weight",
+                        op="vocab", sources=["model.embed_tokens.weight"]),
+                   dict(row, target="decoder.layers.self_attention.linear_qkv.weight",
+                        op="fuse_qkv", sources=["model.layers.#.self_attn.q_proj.weight",
+                                                "model.layers.#.self_attn.k_proj.weight",
+                                                "model.layers.#.self_attn.v_proj.weight"])]},
+    ]
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 8, "num_key_value_heads": 4,
+              "num_hidden_layers": 2, "vocab_size": 1000,
+              "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+              "rope_theta": 50000.0, "tie_word_embeddings": False,
+              "head_dim": 8, "torch_dtype": "float32"}
+    hf_config = {"num_attention_heads": 8, "num_key_value_heads": 4,
+                 "vocab_size": 1000, "rms_norm_eps": 1e-6}
+    matches = ["l.#.e.#.w\nl.3.e.17.w", "*.#.w\nx.y.12.w",
+               "optimizer.*\noptimizer.state.x", "*.*.*.*x\na.b.c.d.e.f"]
+    for i, r in enumerate(rules):
+        parts = [json.dumps(r), json.dumps(config), json.dumps(hf_config),
+                 matches[i % len(matches)]]
+        write("bridge", f"seed{i}.bin", "\0".join(parts).encode())
+    write("bridge", "match.bin", ("{}\0{}\0{}\0" + matches[3]).encode())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reshardfs", help="the daemon, for the torch_dist view seed")
@@ -261,6 +297,7 @@ def main():
         form_seeds()
         dcp_seeds()
         planner_seeds()
+        bridge_seeds()
         if args.reshardfs:
             view_seeds(os.path.abspath(args.reshardfs), tmp)
     finally:

@@ -46,6 +46,7 @@ static void test_match(void)
 	CHECK(!match("*#", "ab12x", false, NULL, NULL));
 	CHECK(match("**", "", false, NULL, NULL));
 	CHECK(!match("*a*b", "xbxa", false, NULL, NULL));
+	CHECK(!match("*#", "a#", false, NULL, NULL));   /* '#' is no letter */
 }
 
 /* Many '*'s against a long name that almost matches: a backtracking
