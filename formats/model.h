@@ -18,8 +18,10 @@
  * dist checkpoints: decoder.layers.mlp.linear_fc1.weight of [L, ...])
  * matches a pattern with its first "#." left out, its axis 0 being the
  * layer.  A family whose `stack` is set writes its targets that way too.
- * In a row that drops tensors (`to` NULL), a '*' matches any run of
- * characters.
+ * In a row that drops tensors (`to` NULL), and only there, a '*'
+ * matches any run of characters (and a '#' there any run of digits).
+ * Every target is made once, by one row, of tensors of one dtype
+ * (formats/bridge/remap.c refuses the rest).
  *
  * Ownership: the built-in tables are static; rows made from a rules file
  * are owned by whoever parsed them (formats/bridge/rows.c).
