@@ -125,6 +125,27 @@ static int store_text(rs_model_facts *f, const fact_def *def, const char *s,
 	return 0;
 }
 
+/* Facts f read from a record (`args`: Megatron's, else an HF config) into
+ * *out, when what they say holds together: the query groups divide the
+ * heads (the table's first two rows). */
+static int settle(rs_model_facts *out, rs_model_facts *f, bool args,
+		  const char *from, const char *where, rs_diag *d)
+{
+	if (f->heads % f->query_groups) {
+		rs_diag_add(d, "%s: %s%s %u does not divide %s%s %u", where,
+			    args ? "args." : "",
+			    args ? facts[1].args : facts[1].hf, f->query_groups,
+			    args ? "args." : "",
+			    args ? facts[0].args : facts[0].hf, f->heads);
+		rs_facts_free(f);
+		return -EINVAL;
+	}
+	f->from = from;
+	rs_facts_free(out);
+	*out = *f;
+	return 0;
+}
+
 /* ---- Megatron's args ------------------------------------------------ */
 
 /* A pickled value as messages show it. */
@@ -223,16 +244,7 @@ int rs_facts_from_args(rs_model_facts *out, const rs_pvalue *args,
 	if (rs_pv_bool(rs_pv_get(args, "group_query_attention"), &gqa) != 0 ||
 	    !gqa || !f.query_groups)
 		f.query_groups = f.heads;
-	if (f.heads % f.query_groups) {
-		rs_diag_add(d, "%s: args.num_query_groups %u does not divide args.num_attention_heads %u",
-			    where, f.query_groups, f.heads);
-		rs_facts_free(&f);
-		return -EINVAL;
-	}
-	f.from = from;
-	rs_facts_free(out);
-	*out = f;
-	return 0;
+	return settle(out, &f, true, from, where, d);
 }
 
 /* ---- HF config.json ------------------------------------------------- */
@@ -317,16 +329,7 @@ int rs_facts_from_hf(rs_model_facts *out, const cJSON *cfg, const char *where,
 	}
 	if (!f.query_groups)
 		f.query_groups = f.heads;
-	if (f.heads % f.query_groups) {
-		rs_diag_add(d, "%s: num_key_value_heads %u does not divide num_attention_heads %u",
-			    where, f.query_groups, f.heads);
-		rs_facts_free(&f);
-		return -EINVAL;
-	}
-	f.from = "config.json";
-	rs_facts_free(out);
-	*out = f;
-	return 0;
+	return settle(out, &f, false, "config.json", where, d);
 }
 
 /* ---- comparing two records ------------------------------------------ */

@@ -30,19 +30,25 @@ LEGACY_WRITER = REPO / "scripts" / "make_legacy_checkpoint.py"
 ST = "model.safetensors"
 
 
-@pytest.fixture(scope="module")
-def hf_base(tmp_path_factory):
-    """A float32 HF Llama of 2 layers, written once: tests copy it."""
-    d = tmp_path_factory.mktemp("hf") / "llama"
-    run_py(HF_WRITER, d, "--layers", "2")
-    return d
+def written_once(name, writer, *args):
+    """Fixtures `name`_base, the checkpoint `writer` writes once for the
+    module, and `name`, a copy of it each test may change."""
+    @pytest.fixture(scope="module", name=f"{name}_base")
+    def base(tmp_path_factory):
+        d = tmp_path_factory.mktemp(name) / name
+        run_py(writer, d, *args)
+        return d
+
+    @pytest.fixture(name=name)
+    def copy(request, tmp_path):
+        d = tmp_path / name
+        shutil.copytree(request.getfixturevalue(f"{name}_base"), d)
+        return d
+    return base, copy
 
 
-@pytest.fixture
-def hf(hf_base, tmp_path):
-    d = tmp_path / "hf"
-    shutil.copytree(hf_base, d)
-    return d
+# a float32 HF Llama of 2 layers, saved by transformers
+hf_base, hf = written_once("hf", HF_WRITER, "--layers", "2")
 
 
 def restore(d, change):
@@ -202,19 +208,9 @@ def test_target_clashing_with_a_view_file(hf, tmp_path, failing_mount):
 
 # --------------------------------------------------- Megatron's args
 
-@pytest.fixture(scope="module")
-def legacy_base(tmp_path_factory):
-    """Megatron-LM's legacy Llama form at tp 2, args telling every fact."""
-    d = tmp_path_factory.mktemp("legacy") / "ckpt"
-    run_py(LEGACY_WRITER, d, "--tp", 2, "--pp", 1, "--llama", "--untied")
-    return d
-
-
-@pytest.fixture
-def legacy(legacy_base, tmp_path):
-    d = tmp_path / "legacy"
-    shutil.copytree(legacy_base, d)
-    return d
+# Megatron-LM's legacy Llama form at tp 2, args telling every fact
+legacy_base, legacy = written_once("legacy", LEGACY_WRITER, "--tp", 2,
+                                   "--pp", 1, "--llama", "--untied")
 
 
 RANKS = ["iter_0000010/mp_rank_00/model_optim_rng.pt",
