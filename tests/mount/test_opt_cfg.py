@@ -16,16 +16,22 @@ from mcore import REPO, run_py
 from test_bad_input import assert_refused
 from test_opt import check, made, pytestmark  # noqa: F401  (fixture)
 
-# cfg.model's fields as OmegaConf resolves them in a written file, or the
-# name of the exception it raises; in a thread with a deep stack and a
-# raised recursion limit, so that a chain OmegaConf can follow is
-# followed (by default it stops some 60 links down).
-OC_RESOLVE = r'''
-import json, sys, threading
+# The head of every script reading a written file back: argv[1] is
+# scripts/ (metaseq's meters, which the files pickle), argv[2] the file.
+LOAD = r'''
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from make_metaseq_checkpoint import fake_metaseq_meters
 fake_metaseq_meters()
 import torch
+'''
+
+# cfg.model's fields as OmegaConf resolves them in a written file, or the
+# name of the exception it raises; in a thread with a deep stack and a
+# raised recursion limit, so that a chain OmegaConf can follow is
+# followed (by default it stops some 60 links down).
+OC_RESOLVE = LOAD + r'''
+import threading
 from omegaconf import OmegaConf
 cfg = torch.load(sys.argv[2], weights_only=False)["cfg"]
 out = {}
@@ -53,9 +59,15 @@ print(json.dumps(out))
 PART0 = "reshard-model_part-0.pt"
 
 
-def omegaconf_says(src, *fields):
-    out = run_py("-c", OC_RESOLVE, REPO / "scripts", src / PART0, *fields)
+def read_back(script, path, *args):
+    """What `script` (LOAD and its own lines) prints of the written file
+    `path`, as JSON."""
+    out = run_py("-c", script, REPO / "scripts", path, *args)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def omegaconf_says(src, *fields):
+    return read_back(OC_RESOLVE, src / PART0, *fields)
 
 
 def chain(n, target):
@@ -171,20 +183,13 @@ def test_omegaconf_interpolations_refused(made, failing_mount,  # noqa: F811
     assert_refused(rc, err, PART0, "cfg: model.decoder_layers: ", *needles)
 
 
-def torch_cfg_model(path, *fields):
-    """cfg.model's fields of a written file, read back by torch."""
-    out = run_py("-c", r'''
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from make_metaseq_checkpoint import fake_metaseq_meters
-fake_metaseq_meters()
-import torch
+# cfg.model's fields of a written file, read back by torch
+CFG_MODEL = LOAD + r'''
 model = torch.load(sys.argv[2], weights_only=False)["cfg"]["model"]
 get = (lambda k: model[k]) if isinstance(model, dict) else \
     (lambda k: getattr(model, k))
 print(json.dumps([get(k) for k in sys.argv[3:]]))
-''', REPO / "scripts", path, *fields)
-    return json.loads(out.strip().splitlines()[-1])
+'''
 
 
 @pytest.mark.parametrize("extra,files,field,values", [
@@ -203,25 +208,21 @@ def test_refuses_parts_whose_cfg_differs(made, failing_mount,  # noqa: F811
     """Every file's cfg must say what part 0's says of the model: the
     line names the file, the field and both values."""
     src, _ = made("release", *extra)
-    got = [str(torch_cfg_model(src / f, field)[0]) for f in files]
+    got = [str(read_back(CFG_MODEL, src / f, field)[0]) for f in files]
     assert got == list(values)
     rc, err = failing_mount(src, [])
     assert_refused(rc, err, f"{files[0]}: cfg: model.{field} is "
                    f"{values[0]}, but {values[1]} in {files[1]}")
 
 
-FLAT_ROWS = r'''
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from make_metaseq_checkpoint import fake_metaseq_meters
-fake_metaseq_meters()
-import torch
+FLAT_ROWS = LOAD + r'''
 sd = torch.load(sys.argv[2], weights_only=False)
 print(json.dumps(sd["model"]["flat_param_0"].numel()))
 '''
 
 
-def test_refuses_root_flat_param_one_row_short(made, failing_mount):  # noqa: F811,E501
+def test_refuses_root_flat_param_one_row_short(made,  # noqa: F811
+                                                failing_mount):
     """A release whose every root flat param lacks its last row would
     mount with a vocab one row per part short, the position table and
     final norm read a row off: dict.txt's size refuses it, both sizes
@@ -229,8 +230,7 @@ def test_refuses_root_flat_param_one_row_short(made, failing_mount):  # noqa: F8
     src, oracle = made("release", "--short-root-rows", "1")
     a = json.loads((oracle / "model.json").read_text())
     H, M = a["hidden"], a["parts"]
-    numel = json.loads(run_py("-c", FLAT_ROWS, REPO / "scripts",
-                              src / PART0).strip().splitlines()[-1])
+    numel = read_back(FLAT_ROWS, src / PART0)
     # what the root holds beyond the positions and the final norm
     rows = M * (numel // H - (a["positions"] + 2) - 2)
     symbols = 4 + len((src / "dict.txt").read_text().splitlines())
@@ -249,12 +249,7 @@ def test_dictionary_smaller_than_the_vocab_mounts(made, mount):  # noqa: F811
     check("safetensors", m.mnt / "model.safetensors", oracle)
 
 
-POSITION_ROWS = r'''
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from make_metaseq_checkpoint import fake_metaseq_meters
-fake_metaseq_meters()
-import torch
+POSITION_ROWS = LOAD + r'''
 sm = torch.load(sys.argv[2], weights_only=False)["shard_metadata"]
 root = next(p for p in sm["param_metadata"] if p["fsdp_path"] == "")
 info = root["params"]["flat_param_0"]
@@ -269,10 +264,8 @@ def test_refuses_position_table_cfg_contradicts(made,  # noqa: F811
     rows than cfg's max_target_positions + 2: the line names both."""
     src, _ = made("release", "--training-only", "--set-cfg",
                   "max_target_positions=19")
-    rows = json.loads(run_py(
-        "-c", POSITION_ROWS, REPO / "scripts",
-        src / "checkpoint_last-model_part-0-shard0.pt").strip()
-        .splitlines()[-1])
+    rows = read_back(POSITION_ROWS,
+                     src / "checkpoint_last-model_part-0-shard0.pt")
     assert rows == 22
     rc, err = failing_mount(src, [])
     assert_refused(rc, err, "checkpoint_last-model_part-0-shard0.pt",
