@@ -305,16 +305,28 @@ void ms_state_free(void *state)
 	free(st);
 }
 
-/* Appends section.key = v when v is a scalar; 0 or -ENOMEM. */
-static int keep(ms_state *st, const char *section, const rs_pvalue *kv,
-		const rs_pvalue *v)
+/* Appends section.key = v when v is a scalar; 0 or -ENOMEM.  v (held by
+ * place `at` of o) is kept as OmegaConf resolves it: the view's cfg is
+ * plain dicts one level deep, where an interpolation into what is left
+ * out (lists, deeper sections) would dangle; one that does not resolve
+ * is kept as written. */
+static int keep(ms_state *st, ms_oc *o, size_t at, const char *section,
+		const rs_pvalue *kv, const rs_pvalue *v)
 {
 	const char *key = ms_whole_str(kv), *str;
+	const size_t nplaces = o->nplaces;
+	const rs_pvalue *r;
 	ms_cv c = { 0 };
+	size_t up;
+	int err;
 
-	v = ms_cfg_leaf(v);
 	if (!key || !*key || strlen(key) > 255 || st->ncfg >= MS_CFG_MAX_ITEMS)
 		return 0;
+	err = ms_oc_resolve(o, v, at, &r, &up);
+	o->nplaces = nplaces;
+	if (err == -ENOMEM)
+		return err;
+	v = err ? ms_cfg_leaf(v) : r;
 	switch (rs_pv_kind(v)) {
 	case RS_PV_NONE:
 		c.kind = MS_CV_NONE;
@@ -355,30 +367,37 @@ static int keep(ms_state *st, const char *section, const rs_pvalue *kv,
 	return 0;
 }
 
-static int keep_map(ms_state *st, const char *section, const rs_pvalue *map)
+/* The scalars of container v (held by place `up`) as section `section`. */
+static int keep_map(ms_state *st, ms_oc *o, size_t up, const char *section,
+		    const rs_pvalue *v)
 {
-	int err = 0;
+	const rs_pvalue *map = ms_cfg_map(v);
+	size_t at;
+	int err = ms_oc_enter(o, v, up, &at);
 
 	for (size_t i = 0; i < rs_pv_len(map) && !err; i++)
-		err = keep(st, section, rs_pv_key(map, i), rs_pv_val(map, i));
+		err = keep(st, o, at, section, rs_pv_key(map, i),
+			   rs_pv_val(map, i));
 	return err;
 }
 
 int ms_cfg_copy(const rs_pvalue *top, ms_state *st)
 {
 	const rs_pvalue *cfg = ms_cfg_map(rs_pv_get(top, "cfg"));
-	int err = 0;
+	ms_oc o;
+	int err = ms_oc_init(&o, rs_pv_get(top, "cfg"));
 
-	if (!cfg)
-		return keep_map(st, "model", ms_cfg_map(rs_pv_get(top, "args")));
-	for (size_t i = 0; i < rs_pv_len(cfg) && !err; i++) {
+	if (!err && !cfg)
+		err = keep_map(st, &o, MS_OC_TOP, "model", rs_pv_get(top, "args"));
+	for (size_t i = 0; cfg && i < rs_pv_len(cfg) && !err; i++) {
 		const char *sec = ms_whole_str(rs_pv_key(cfg, i));
-		const rs_pvalue *sub = ms_cfg_map(rs_pv_val(cfg, i));
+		const rs_pvalue *sub = rs_pv_val(cfg, i);
 
-		if (sub && sec && *sec && strlen(sec) <= 255)
-			err = keep_map(st, sec, sub);
+		if (ms_cfg_map(sub) && sec && *sec && strlen(sec) <= 255)
+			err = keep_map(st, &o, 0, sec, sub);
 		else
-			err = keep(st, NULL, rs_pv_key(cfg, i), rs_pv_val(cfg, i));
+			err = keep(st, &o, 0, NULL, rs_pv_key(cfg, i), sub);
 	}
-	return err;
+	ms_oc_free(&o);
+	return err == -ENOMEM ? err : 0;
 }

@@ -76,7 +76,8 @@
  * "cfg": {...}}: part m's slice of every tensor (the layout's TP rules),
  * q/k/v fused back into qkv_proj = [k_m; v_m; q_m] when the source fused
  * them, a tied output projection left out, decoder.version kept; cfg the
- * source's scalars as plain dicts with model_parallel_size the view's tp.
+ * source's scalars as plain dicts, interpolations resolved (what they
+ * point to may be left out), with model_parallel_size the view's tp.
  * Loads with torch.load(weights_only=True).
  *
  * Errors: one line per problem in `d`, naming the file (and the flat param

@@ -131,8 +131,9 @@ void ms_state_free(void *state);
 
 /* cfg's scalars (bools, ints, floats, strings, None; of cfg's top and
  * of each section one level down, a DictConfig's or Namespace's alike),
- * or fairseq's args as section "model", appended to st.  Other values
- * are left out.  0 or -ENOMEM. */
+ * or fairseq's args as section "model", appended to st, interpolations
+ * resolved as OmegaConf does (one that does not resolve kept as
+ * written).  Other values are left out.  0 or -ENOMEM. */
 int ms_cfg_copy(const rs_pvalue *top, ms_state *st);
 
 /* The metaseq view (formats/metaseq/view.c). */

@@ -118,14 +118,26 @@ RESOLVED = {
 }
 
 
+# cfg.model's fields of a metaseq view's file, loaded as metaseq loads
+# it: torch.load, then OmegaConf.create of its plain dicts
+VIEW_CFG = LOAD + r'''
+from omegaconf import OmegaConf
+cfg = OmegaConf.create(torch.load(sys.argv[2], weights_only=True)["cfg"])
+print(json.dumps({k: OmegaConf.select(cfg, "model." + k)
+                  for k in sys.argv[3:]}))
+'''
+
+
 @pytest.mark.parametrize("name", sorted(RESOLVED))
 def test_omegaconf_interpolations_resolve(made, mount, name):  # noqa: F811
     """What OmegaConf resolves mounts with OmegaConf's values: the hf
     view's config.json holds them and transformers gives the consolidated
-    weights' logits."""
+    weights' logits; the metaseq view's cfg (plain dicts one level deep)
+    holds them resolved, the tensors as fairscale unflattens them."""
     src, oracle = made("omegaconf_kvq", *RESOLVED[name])
-    want = omegaconf_says(src, "decoder_layers", "decoder_ffn_embed_dim",
-                          "max_target_positions")
+    fields = ("decoder_layers", "decoder_ffn_embed_dim",
+              "max_target_positions")
+    want = omegaconf_says(src, *fields)
     assert want == {"decoder_layers": 2, "decoder_ffn_embed_dim": 64,
                     "max_target_positions": 20}, want
     m = mount(src, ["format=hf"])
@@ -135,6 +147,9 @@ def test_omegaconf_interpolations_resolve(made, mount, name):  # noqa: F811
         (want["decoder_layers"], want["decoder_ffn_embed_dim"],
          want["max_target_positions"])
     check("hf", m.mnt, oracle)
+    v = mount(src, ["format=metaseq", "tp=1"])
+    assert read_back(VIEW_CFG, v.mnt / "restored.pt", *fields) == want
+    check("metaseq", v.mnt, oracle, 1)
 
 
 # name: (writer arguments, what OmegaConf does, needles of the refusal)
