@@ -104,8 +104,8 @@ static bool oc_container(const rs_pvalue *v)
 	       ms_dict(v, &(const rs_pvalue *){ NULL });
 }
 
-/* Characters OmegaConf's grammar lets a key hold (INTER_KEY: anything
- * but \ { } ( ) [ ] : . space tab ' "). */
+/* Characters a key may hold in OmegaConf's grammar: anything but
+ * \ { } ( ) [ ] : . space tab ' ". */
 static bool key_char(char c)
 {
 	return c && !strchr("\\{}()[]:. \t'\"", c);
@@ -113,9 +113,8 @@ static bool key_char(char c)
 
 /* What the string s of a value is to OmegaConf.  A single
  * interpolation ("${" ws? dots? key ((. key) | [key])* ws? "}") is a
- * link; *inner and *inner_len are then its path (dots and keys). */
-static oc_kind oc_classify(const char *s, size_t len, size_t *start,
-			   size_t *end)
+ * link; its path (dots and keys) then starts at s[*start]. */
+static oc_kind oc_classify(const char *s, size_t len, size_t *start)
 {
 	const char *in = strstr(s, "${");
 	size_t i, j, e;
@@ -129,7 +128,6 @@ static oc_kind oc_classify(const char *s, size_t len, size_t *start,
 	for (e = len - 1; e > i && (s[e - 1] == ' ' || s[e - 1] == '\t'); e--)
 		;
 	*start = i;
-	*end = e;
 	for (j = i; j < e; j++) {
 		if (s[j] == ':')
 			return OC_RESOLVER;
@@ -331,12 +329,12 @@ int ms_oc_resolve(ms_oc *o, const rs_pvalue *v, size_t up,
 
 	for (;;) {
 		const rs_pvalue *leaf = ms_cfg_leaf(v), *child;
-		size_t len, start = 0, end = 0;
+		size_t len, start = 0, end;
 		const char *s = rs_pv_str(leaf, &len), *k;
 		oc_kind kind = OC_VALUE;
 
 		if (s && strlen(s) == len && len)
-			kind = oc_classify(s, len, &start, &end);
+			kind = oc_classify(s, len, &start);
 		if (kind != OC_VALUE && kind != OC_LINK) {
 			err = oc_refuse(o, kind, s);
 			break;
