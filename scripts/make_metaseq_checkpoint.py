@@ -212,6 +212,8 @@ def make(a):
                 numels = [t.numel() for _, t in members]
                 if a.bad_numels and path == "decoder.layers.0":
                     names, shapes, numels = names[:-1], shapes[:-1], numels[:-1]
+                if a.bad_padding is not None and path == "decoder.layers.0":
+                    pad = a.bad_padding
                 param_metadata.append({
                     "fsdp_path": path,
                     "params": {"flat_param_0": {
@@ -356,6 +358,8 @@ def main():
                    help="add a value that unpickles as os.system(...)")
     p.add_argument("--bad-numels", action="store_true",
                    help="leave layer 0's last param out of shard_metadata")
+    p.add_argument("--bad-padding", type=int, metavar="INT",
+                   help="write layer 0's padding as INT in shard_metadata")
     p.add_argument("--oracle", help="write the expected tensors here (.npz)")
     p.add_argument("--seed", type=int, default=1)
     make(p.parse_args())

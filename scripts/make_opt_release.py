@@ -8,7 +8,9 @@ has torch and fairscale), and the oracles the tests compare against.
         [--separate-qkv] [--post-norm] [--untied]
         [--cfg dict|namespace|omegaconf] [--keep-training | --training-only]
         [--oracle DIR]
-        [--drop-cfg FIELD] [--set-cfg FIELD=JSON]
+        [--drop-cfg FIELD] [--set-cfg FIELD=JSON] [--cfg-json JSON]
+        [--part-set-cfg M:FIELD=JSON] [--dict-lines N]
+        [--short-root-rows N]
 
 Per model part m (metaseq's tensor-parallel split of the full weights,
 qkv fused per part as [k_m; v_m; q_m] unless --separate-qkv), a module
@@ -24,6 +26,20 @@ with --keep-training).  The release form is then derived from them as
 metaseq's scripts/reshard_mp.py does with a target DDP size of 1: merge
 the shards of each flat param with the padding stripped, .half(), pop
 shard_metadata, add decoder.version, save reshard-model_part-<m>.pt.
+
+cfg is metaseq's sections (common, model, distributed_training) as a
+plain dict, cfg.model an argparse.Namespace, or all an OmegaConf
+DictConfig made by OmegaConf.create (--cfg); --cfg-json merges a JSON
+object into it first (sections merged key by key), so interpolations
+(relative, long paths, chains) can be written as OmegaConf keeps them.
+--part-set-cfg sets a cfg.model field in part M's files only.
+
+Beside the parts: dict.txt as fairseq/metaseq write a dictionary ("<symbol>
+<count>" lines; metaseq's Dictionary adds 4 special symbols before them),
+--dict-lines lines (default vocab - 4: the dictionary fills the vocab),
+and stand-in vocab.json and merges.txt.  --short-root-rows N cuts N rows
+(N x hidden elements) off the end of every part's released root flat
+param: a truncated release, which must be refused.
 
 Oracles, under ORACLE (--oracle, default OUT.oracle; not in OUT):
   full.pt      the consolidated fp16 weights (metaseq names, k/v/q_proj
@@ -73,16 +89,26 @@ def cfg_model(a, M):
     }
 
 
-def make_cfg(a, M):
+def make_cfg(a, M, m):
     model = cfg_model(a, M)
     for field in a.drop_cfg:
         model.pop(field)
-    for item in a.set_cfg:
+    sets = list(a.set_cfg)
+    for item in a.part_set_cfg:
+        part, setting = item.split(":", 1)
+        if int(part) == m:
+            sets.append(setting)
+    for item in sets:
         field, value = item.split("=", 1)
         model[field] = json.loads(value)
     cfg = {"common": {"model_parallel_size": M, "fp16": True},
            "model": model,
            "distributed_training": {"distributed_world_size": M * a.dp}}
+    for section, value in json.loads(a.cfg_json).items():
+        if isinstance(value, dict) and isinstance(cfg.get(section), dict):
+            cfg[section].update(value)
+        else:
+            cfg[section] = value
     if a.cfg == "namespace":
         cfg["model"] = argparse.Namespace(**cfg["model"])
     elif a.cfg == "omegaconf":
@@ -211,7 +237,7 @@ def rank_main(rank, a, m, M, port, out):
     model = FSDP(model, **kw)
     AverageMeter = fake_meters()
     state = {
-        "cfg": make_cfg(a, M),
+        "cfg": make_cfg(a, M, m),
         "model": model.local_state_dict(),
         "shard_metadata": model.local_metadata_dict(),
         "criterion": None,
@@ -231,7 +257,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def release(out, oracle, m, dp, keep, training_only=False):
+def release(out, oracle, m, dp, keep, training_only=False, short_rows=0,
+            hidden=0):
     """reshard_mp.py, target DDP size 1: merge the part's flat shards less
     their padding, .half(), pop shard_metadata, add decoder.version.  The
     part as metaseq holds it, unflattened by fairscale's own
@@ -260,6 +287,8 @@ def release(out, oracle, m, dp, keep, training_only=False):
             parts = [s["model"][k] for s in shards]
             v = torch.cat([p[:p.numel() - pad] for p, pad in
                            zip(parts, pads[k])])
+        if k == "flat_param_0" and short_rows:
+            v = v[:v.numel() - short_rows * hidden].clone()
         model[k] = v.half()
     model.setdefault("decoder.version", torch.tensor([3.0]).half())
     state.pop("shard_metadata")
@@ -301,6 +330,17 @@ def main():
                    metavar="FIELD=JSON",
                    help="write FIELD of cfg.model as this value (the "
                         "weights stay those of the other arguments)")
+    p.add_argument("--cfg-json", default="{}", metavar="JSON",
+                   help="a JSON object merged into cfg (its sections key "
+                        "by key) before OmegaConf.create")
+    p.add_argument("--part-set-cfg", action="append", default=[],
+                   metavar="M:FIELD=JSON",
+                   help="as --set-cfg, in model part M's files only")
+    p.add_argument("--dict-lines", type=int,
+                   help="lines of dict.txt (default: vocab - 4)")
+    p.add_argument("--short-root-rows", type=int, default=0, metavar="N",
+                   help="cut N rows off the end of every part's released "
+                        "root flat param")
     a = p.parse_args()
     out = Path(a.out)
     oracle = Path(a.oracle or f"{a.out}.oracle")
@@ -313,9 +353,14 @@ def main():
         mp.spawn(rank_main, args=(a, m, M, free_port(), out),
                  nprocs=a.dp,
                  join=True)
-        release(out, oracle, m, a.dp, a.keep_training, a.training_only)
-    for name in ("vocab.json", "merges.txt", "dict.txt"):
+        release(out, oracle, m, a.dp, a.keep_training, a.training_only,
+                a.short_root_rows, a.hidden)
+    for name in ("vocab.json", "merges.txt"):
         (out / name).write_text(f"{name} of the test tokenizer\n")
+    lines = a.vocab - 4 if a.dict_lines is None else a.dict_lines
+    text = "".join(f"{i} {1000 + lines - i}\n" for i in range(lines))
+    for d in (out, oracle):
+        (d / "dict.txt").write_text(text)
 
 
 if __name__ == "__main__":

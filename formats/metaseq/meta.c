@@ -44,6 +44,9 @@ const char *const ms_pickle_allow[] = {
 	"builtins.list",
 	"builtins.tuple",
 	"builtins.int",
+	/* protocol 2 names int "__builtin__.long" (an OmegaConf ListConfig's
+	 * key_type) */
+	"builtins.long",
 	"builtins.float",
 	"builtins.str",
 	"builtins.bool",
@@ -56,6 +59,49 @@ const char *ms_whole_str(const rs_pvalue *v)
 	const char *s = rs_pv_str(v, &len);
 
 	return s && strlen(s) == len ? s : NULL;
+}
+
+const char *ms_value_text(const rs_pvalue *v, char *buf, size_t size)
+{
+	const char *s;
+	size_t len;
+	int64_t i;
+	double f;
+	bool b;
+
+	if (!v) {
+		snprintf(buf, size, "missing");
+		return buf;
+	}
+	switch (rs_pv_kind(v)) {
+	case RS_PV_INT:
+		rs_pv_int(v, &i);
+		snprintf(buf, size, "%lld", (long long)i);
+		break;
+	case RS_PV_BIGINT:
+		snprintf(buf, size, "an int wider than 64 bits");
+		break;
+	case RS_PV_FLOAT:
+		rs_pv_float(v, &f);
+		snprintf(buf, size, "%g (a float)", f);
+		break;
+	case RS_PV_BOOL:
+		rs_pv_bool(v, &b);
+		snprintf(buf, size, "%s (a bool)", b ? "True" : "False");
+		break;
+	case RS_PV_STR:
+		s = rs_pv_str(v, &len);
+		snprintf(buf, size, "'%.40s%s' (a str)", s,
+			 len > 40 ? "..." : "");
+		break;
+	case RS_PV_NONE:
+		snprintf(buf, size, "None");
+		break;
+	default:
+		snprintf(buf, size, "a value of another type");
+		break;
+	}
+	return buf;
 }
 
 bool ms_dict(const rs_pvalue *v, const rs_pvalue **items)
@@ -186,6 +232,7 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 {
 	const rs_pvalue *items, *names, *shapes, *numels;
 	size_t plen = strlen(path), n;
+	char t[80];
 	int64_t pad;
 	ms_flat *f;
 
@@ -200,11 +247,17 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 	n = rs_pv_len(names);
 	if (!pv_list(names) || !pv_list(shapes) || !pv_list(numels) ||
 	    rs_pv_len(shapes) != n || rs_pv_len(numels) != n ||
-	    n > MS_MAX_PARAMS ||
-	    rs_pv_int(rs_pv_get(items, "padding"), &pad) != 0 || pad < 0) {
-		rs_diag_add(d, "%s: shard_metadata: %s%s%s needs lists names, shapes and numels of one length (at most %u) and a non-negative int padding",
+	    n > MS_MAX_PARAMS) {
+		rs_diag_add(d, "%s: shard_metadata: %s%s%s needs lists names, shapes and numels of one length (at most %u)",
 			    where, path, plen ? "." : "", flat_name,
 			    MS_MAX_PARAMS);
+		return -EINVAL;
+	}
+	if (rs_pv_int(rs_pv_get(items, "padding"), &pad) != 0 || pad < 0) {
+		rs_diag_add(d, "%s: shard_metadata: %s%s%s: padding is %s, not a non-negative int",
+			    where, path, plen ? "." : "", flat_name,
+			    ms_value_text(rs_pv_get(items, "padding"), t,
+					  sizeof(t)));
 		return -EINVAL;
 	}
 	f = flat_add(m, cap, join_name(path, plen, flat_name), plen, n);
@@ -218,10 +271,16 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 		int64_t numel;
 		int ndim = 0, err;
 
-		if (!rs_pv_dims(rs_pv_item(shapes, i), shape, &ndim, RS_MAX_DIMS) ||
-		    rs_pv_int(rs_pv_item(numels, i), &numel) != 0 || numel < 0) {
-			rs_diag_add(d, "%s: shard_metadata: %s: shape %zu or numel %zu is not a torch.Size of at most %d sizes or a non-negative int",
-				    where, f->key, i, i, RS_MAX_DIMS);
+		if (!rs_pv_dims(rs_pv_item(shapes, i), shape, &ndim, RS_MAX_DIMS)) {
+			rs_diag_add(d, "%s: shard_metadata: %s: shapes[%zu] is not a torch.Size of at most %d non-negative ints",
+				    where, f->key, i, RS_MAX_DIMS);
+			return -EINVAL;
+		}
+		if (rs_pv_int(rs_pv_item(numels, i), &numel) != 0 || numel < 0) {
+			rs_diag_add(d, "%s: shard_metadata: %s: numels[%zu] is %s, not a non-negative int",
+				    where, f->key, i,
+				    ms_value_text(rs_pv_item(numels, i), t,
+						  sizeof(t)));
 			return -EINVAL;
 		}
 		err = flat_param(f, where, ms_whole_str(rs_pv_item(names, i)),

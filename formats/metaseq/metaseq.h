@@ -63,7 +63,12 @@
  * one dtype and size; shard_metadata agrees between the shards of a part;
  * names are plain (no '/', NUL or control bytes, at most 255 bytes) and
  * unique; every tensor lies inside its storage and file; dtypes are ones
- * reshardfs knows.
+ * reshardfs knows; every number is range-checked before it narrows.
+ * Every file's cfg must say what part 0's says of the model; the merged
+ * vocab must hold dict.txt's symbols (when SOURCE has one), an untied
+ * output projection the vocab's rows, the position table cfg's
+ * max_target_positions + 2 (formats/metaseq/metaseq_int.h, ms_cfg_agree
+ * and ms_check_sizes).
  *
  * View (-o format=metaseq; needs a metaseq source): one torch.save zip
  * per model part of the layout's tp, `restored.pt` at tp 1 and
@@ -71,7 +76,8 @@
  * "cfg": {...}}: part m's slice of every tensor (the layout's TP rules),
  * q/k/v fused back into qkv_proj = [k_m; v_m; q_m] when the source fused
  * them, a tied output projection left out, decoder.version kept; cfg the
- * source's scalars as plain dicts with model_parallel_size the view's tp.
+ * source's scalars as plain dicts, interpolations resolved (what they
+ * point to may be left out), with model_parallel_size the view's tp.
  * Loads with torch.load(weights_only=True).
  *
  * Errors: one line per problem in `d`, naming the file (and the flat param

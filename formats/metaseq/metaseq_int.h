@@ -2,11 +2,16 @@
  * to them (formats/metaseq/metaseq.h is the module's contract).
  *
  *   read.c    finds and groups the shard files, reads each one's "model"
- *             tensors, shard_metadata and (the first file's) cfg
+ *             tensors, shard_metadata and cfg
  *   meta.c    flat-param descriptions from shard_metadata (a pickle) or
  *             from -o params=FILE (JSON)
- *   cfg.c     the model from cfg, the flat params it implies, the check
- *             of a params file against them, cfg's scalars for the view
+ *   cfg.c     the model from cfg, cfg's scalars for the view
+ *   derive.c  the flat params cfg implies, the check of a params file
+ *             against them
+ *   interp.c  cfg lookups with OmegaConf's interpolations followed
+ *   agree.c   what the files say cross-checked: every file's cfg against
+ *             part 0's, the vocab against dict.txt, the position table
+ *             against cfg
  *   unflat.c  unflattens each model part's shards
  *   stitch.c  merges the parts into the catalog
  *   view.c    the metaseq view
@@ -78,6 +83,8 @@ typedef struct {
 	rs_model_config m;      /* family unset: the reader sets it */
 	bool scale_embedding;   /* !no_scale_embedding: embeddings times
 				 * sqrt(dim), which HF's OPT does not do */
+	bool no_final_norm;     /* cfg's no_decoder_final_norm */
+	char arch[64];          /* cfg's _name or arch (cut), for messages */
 	/* Set by the reader (formats/metaseq/read.c): whether cfg described
 	 * the model, else the one line saying why not - reported only when
 	 * something needs cfg (no shard_metadata, the hf view). */
@@ -93,7 +100,8 @@ typedef struct {
 	size_t ntensors;
 	rs_names by_key;                /* the tensors by key */
 	ms_meta meta;
-	ms_cfg cfg;                     /* read from the first file only */
+	ms_cfg cfg;                     /* every file's (agree.c compares
+					 * them) */
 	struct ms_state *state;         /* the first file's: for ck->extra */
 } ms_file;
 
@@ -123,8 +131,9 @@ void ms_state_free(void *state);
 
 /* cfg's scalars (bools, ints, floats, strings, None; of cfg's top and
  * of each section one level down, a DictConfig's or Namespace's alike),
- * or fairseq's args as section "model", appended to st.  Other values
- * are left out.  0 or -ENOMEM. */
+ * or fairseq's args as section "model", appended to st, interpolations
+ * resolved as OmegaConf does (one that does not resolve kept as
+ * written).  Other values are left out.  0 or -ENOMEM. */
 int ms_cfg_copy(const rs_pvalue *top, ms_state *st);
 
 /* The metaseq view (formats/metaseq/view.c). */
@@ -153,6 +162,10 @@ extern const char *const ms_pickle_allow[];
 /* A str value without NULs (C code would cut at the first), or NULL. */
 const char *ms_whole_str(const rs_pvalue *v);
 
+/* v as a message shows it ("-3", "'4' (a str)", "inf (a float)"), in
+ * buf. */
+const char *ms_value_text(const rs_pvalue *v, char *buf, size_t size);
+
 /* Whether v is a dict or an OrderedDict/defaultdict; *items is then
  * the DICT of its pairs (NULL for an empty OrderedDict: length 0). */
 bool ms_dict(const rs_pvalue *v, const rs_pvalue **items);
@@ -171,15 +184,82 @@ int ms_meta_from_json(const char *path, ms_meta *m, rs_diag *d);
 void ms_meta_free(ms_meta *m);
 
 
+/* ---- cfg lookups (formats/metaseq/interp.c) ---------------------------- */
+
+/* Interpolations one lookup follows at most (OmegaConf itself stops at
+ * Python's recursion limit: some 60 links by default). */
+#define MS_OC_MAX_LINKS 4096u
+/* Keys compared (and links checked for a cycle) at most, over all the
+ * lookups of one cfg. */
+#define MS_OC_MAX_WORK (1u << 24)
+#define MS_OC_TOP SIZE_MAX
+
+/* A container of cfg and the place of the container holding it
+ * (MS_OC_TOP for cfg itself): what relative interpolations climb. */
+typedef struct {
+	const rs_pvalue *v;
+	size_t up;
+} ms_place;
+
+typedef struct {
+	ms_place *places;               /* places[0]: cfg's top */
+	size_t nplaces, cap;
+	struct ms_oc_walk *walks;       /* key paths waiting on a key that
+					 * is an interpolation */
+	size_t nwalks, wcap;
+	struct ms_oc_busy *busy;        /* links being resolved */
+	size_t nbusy, bcap;
+	uint64_t work;
+	char why[320];                  /* what the last -EINVAL was */
+} ms_oc;
+
+/* The mapping behind v: a dict or OrderedDict, an argparse.Namespace's
+ * state, an OmegaConf DictConfig's _content; NULL for anything else
+ * (and for an empty OrderedDict, which holds no field either). */
+const rs_pvalue *ms_cfg_map(const rs_pvalue *v);
+/* An OmegaConf value node (omegaconf.nodes.AnyNode, IntegerNode, ...)
+ * stands for its _val, a DictConfig or ListConfig whose _content is not
+ * a container for that; anything else for itself. */
+const rs_pvalue *ms_cfg_leaf(const rs_pvalue *v);
+
+/* Lookups in cfg `root` (place 0).  0 or -ENOMEM. */
+int ms_oc_init(ms_oc *o, const rs_pvalue *root);
+void ms_oc_free(ms_oc *o);
+/* A place for container v held by place `up`, into *out. */
+int ms_oc_enter(ms_oc *o, const rs_pvalue *v, size_t up, size_t *out);
+/* Value v (held by the container at place `up`) resolved as OmegaConf
+ * does: *out the value it stands for, *out_up the place of the container
+ * holding that.  What OmegaConf refuses (a cycle, a key not found, going
+ * above the top, ???, a grammar error), what reshardfs does not evaluate
+ * (resolvers, string interpolations) and what passes MS_OC_MAX_LINKS or
+ * MS_OC_MAX_WORK is -EINVAL with o->why saying which; -ENOMEM. */
+int ms_oc_resolve(ms_oc *o, const rs_pvalue *v, size_t up,
+		  const rs_pvalue **out, size_t *out_up);
+/* Key `key` of the container at place `at`, resolved (*out NULL when it
+ * has no such key); a container value also gets a place, in *place (may
+ * be NULL). */
+int ms_oc_get(ms_oc *o, size_t at, const char *key, const rs_pvalue **out,
+	      size_t *place);
+
+/* ---- the model from cfg (formats/metaseq/cfg.c) ------------------------ */
+
 /* cfg of a parsed data.pkl's top dict `top`: cfg["model"] (a dict, an
  * OmegaConf DictConfig or an argparse.Namespace; its fields, OmegaConf
- * value nodes and "${a.b}" interpolations followed), then fairseq's
+ * value nodes and interpolations followed as above), then fairseq's
  * top-level args, then cfg's common and distributed_training sections.
  * No cfg leaves c->present false (0).  A field the derivation needs that
- * is missing or of the wrong type, or a model it cannot describe, is one
- * line naming the field, -EINVAL. */
+ * is missing, of the wrong type or out of range (checked before it
+ * narrows), one whose interpolation does not resolve, or a model it
+ * cannot describe, is one line naming the field (and the value),
+ * -EINVAL. */
 int ms_cfg_read(const rs_pvalue *top, const char *where, ms_cfg *c,
 		rs_diag *d);
+
+/* Why c does not describe the model, less the "<where>: " its line
+ * starts with ("it has none" without a cfg) (formats/metaseq/agree.c). */
+const char *ms_cfg_why(const ms_cfg *c, const char *where);
+
+/* ---- the flat params cfg implies (formats/metaseq/derive.c) ------------ */
 
 /* The flat-param description cfg implies for the files f[0..nshards) of
  * model part 0 (docs/FORMATS.md, "Deriving the flat params"): the root's
@@ -201,6 +281,25 @@ int ms_meta_check(const ms_meta *want, const ms_meta *got, const char *path,
 
 /* "[a, b]" of a shape into out. */
 void ms_shape_text(const uint64_t *shape, int ndim, char *out, size_t size);
+
+/* ---- cross-checks (formats/metaseq/agree.c) ---------------------------- */
+
+/* Every file's cfg against the first's: the model facts the derivation
+ * and the views take from part 0 (sizes, norms, tie, q/k/v fusion,
+ * activation, embedding scale) must be the same; one line naming the
+ * file, the field and both values, -EINVAL. */
+int ms_cfg_agree(const ms_file *files, size_t n, const char *dir,
+		 rs_diag *d);
+
+/* The merged catalog's sizes against the independent ones: the vocab
+ * (decoder.embed_tokens.weight's rows) holds dict.txt's symbols when
+ * SOURCE has one, an untied output projection has as many rows, and the
+ * position table has cfg's max_target_positions + 2 rows.  `f0` is part
+ * 0's first file; `derived`: the flat params were derived from cfg (the
+ * message then says what a short vocab means).  One line naming both
+ * sizes, -EINVAL. */
+int ms_check_sizes(rs_checkpoint *ck, const ms_file *f0, bool derived,
+		   rs_diag *d);
 
 /* Whether the file holds a flat param (".flat_param_<n>" or
  * "flat_param_<n>"). */

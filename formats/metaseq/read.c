@@ -238,18 +238,21 @@ const ms_tensor *ms_file_find(const ms_file *f, const char *key)
 	return i == SIZE_MAX ? NULL : &f->tensors[i];
 }
 
-/* cfg of the first file, kept with what was wrong with it: a cfg that
- * does not describe the model refuses the mount only where it is needed
- * (formats/metaseq/metaseq_int.h, ms_cfg). */
+/* cfg of a file, kept with what was wrong with it: a cfg that does not
+ * describe the model refuses the mount only where it is needed
+ * (formats/metaseq/metaseq_int.h, ms_cfg); the first file's scalars are
+ * kept for the metaseq view too. */
 static int read_cfg(const rs_pvalue *top, ms_file *f, const char *where)
 {
 	rs_diag *cd = rs_diag_new();
-	int err;
+	int err = 0;
 
 	if (!cd)
 		return -ENOMEM;
-	f->state = calloc(1, sizeof(ms_state));
-	err = f->state ? ms_cfg_copy(top, f->state) : -ENOMEM;
+	if (f->part == 0 && f->shard == 0) {
+		f->state = calloc(1, sizeof(ms_state));
+		err = f->state ? ms_cfg_copy(top, f->state) : -ENOMEM;
+	}
 	if (!err)
 		err = ms_cfg_read(top, where, &f->cfg, cd);
 	if (err == -EINVAL) {
@@ -306,7 +309,7 @@ static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 	if (!err)
 		err = ms_meta_from_pickle(rs_pv_get(top, "shard_metadata"),
 					  where, &f->meta, d);
-	if (!err && f->part == 0 && f->shard == 0)
+	if (!err)
 		err = read_cfg(top, f, where);
 	return err;
 }
@@ -404,15 +407,10 @@ static int derive(rs_checkpoint *ck, ms_file *files, size_t n,
 		return 0;
 	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, files[0].name);
 	if (!files[0].cfg.ok) {
-		const char *why = files[0].cfg.why;
-		size_t wl = strlen(where);
-
 		/* Only needed when no params file stands in for it. */
-		if (strncmp(why, where, wl) == 0 && strncmp(why + wl, ": ", 2) == 0)
-			why += wl + 2;
 		if (!params->present)
 			rs_diag_add(d, "%s: has no shard_metadata to unflatten its FSDP flat params with, and its cfg does not describe the model (%s): pass -o params=FILE (names and shapes of the flat params)",
-				    where, why);
+				    where, ms_cfg_why(&files[0].cfg, where));
 		return params->present ? 0 : -EINVAL;
 	}
 	err = ms_meta_from_cfg(&files[0].cfg, files, nshards, nparts, derived,
@@ -508,11 +506,16 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	for (size_t i = 0; i < n && !err; i++)
 		err = load_file(ck, &files[i], d);
 	if (!err)
+		err = ms_cfg_agree(files, n, ck->dir_path, d);
+	if (!err)
 		err = derive(ck, files, n, nparts, params_file, &params,
 			     &derived, d);
 	if (!err)
 		err = ms_stitch(ck, files, n, nparts,
 				params.present ? &params : &derived, d);
+	if (!err)
+		err = ms_check_sizes(ck, &files[0],
+				     derived.present && !params.present, d);
 	if (!err)
 		model_config(ck, &files[0]);
 	if (!err) {

@@ -8,9 +8,9 @@
  * keep its promises: every param has a name and a shape of at most
  * RS_MAX_DIMS sizes whose product is its numel, and a flat param's numels
  * add up to its total without overflow.  The top dict's cfg (or args) goes
- * to ms_cfg_read and ms_cfg_copy (formats/metaseq/cfg.c): a refusal is
- * lines naming the file; an accepted model has positive sizes, heads
- * that divide the width.
+ * to ms_cfg_read and ms_cfg_copy (formats/metaseq/cfg.c, interp.c): a
+ * refusal is lines naming the file; an accepted model has positive
+ * sizes, heads that divide the width.
  */
 #include "formats/metaseq/metaseq_int.h"
 #include "tests/fuzz/fuzz.h"

@@ -224,6 +224,20 @@ def test_refuses_numels_that_do_not_add_up(tmp_path, failing_mount):
                    "but the shards hold 1292")
 
 
+@pytest.mark.parametrize("padding,shown", [
+    ("-3", "-3"), (str(2 ** 64), "an int wider than 64 bits")])
+def test_refuses_padding_out_of_range(tmp_path, failing_mount, padding,
+                                      shown):
+    """A padding no int64 or no size holds is refused before it narrows,
+    the line naming the field and the value."""
+    src = tmp_path / "badpadding"
+    write(src, "--bad-padding", padding)
+    rc, err = failing_mount(src, ["format=zarr"])
+    assert_refused(rc, err, "checkpoint_last-model_part-0-shard0.pt",
+                   f"decoder.layers.0.flat_param_0: padding is {shown}, "
+                   "not a non-negative int")
+
+
 def test_refuses_params_file_that_does_not_fit(made, tmp_path,
                                                failing_mount):
     src, params = copy_of(made, "params_map", tmp_path)

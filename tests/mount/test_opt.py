@@ -12,6 +12,7 @@ transformers' own forward pass on the consolidated weights),
 torch.load(weights_only=True) (against the parts as fairscale's
 consolidate_shard_weights unflattens them).
 """
+import hashlib
 import json
 import shutil
 import subprocess
@@ -68,7 +69,10 @@ def made(tmp_path_factory):
     def _make(name, *extra):
         key = (name,) + extra
         if key not in cache:
-            src = base / "_".join(key).replace("-", "")
+            stem = "_".join(key).replace("-", "").replace("/", "")
+            if len(stem) > 80:      # a cfg written out in the arguments
+                stem = f"{name}_{hashlib.sha1(stem.encode()).hexdigest()}"
+            src = base / stem
             run_py(WRITER, src, "--oracle", f"{src}.oracle",
                    *VARIANTS[name], *extra)
             cache[key] = (src, Path(f"{src}.oracle"))
@@ -203,7 +207,20 @@ def test_refuses_what_cfg_does_not_say(made, failing_mount, field):
     ("decoder_learned_pos=false", ["decoder_learned_pos is not true"]),
     ("alibi=true", ["model.alibi is set"]),
     ("decoder_attention_heads=\"4\"",
-     ["model.decoder_attention_heads is something else"]),
+     ["model.decoder_attention_heads is '4' (a str), not a positive "
+      "integer"]),
+    # numbers are range-checked before they narrow, and named
+    ("decoder_layers=1099511627776",
+     ["model.decoder_layers is 1099511627776, past 100000"]),
+    ("decoder_layers=18446744073709551616",
+     ["model.decoder_layers is an int wider than 64 bits"]),
+    ("max_target_positions=-2",
+     ["model.max_target_positions is -2, not a positive integer"]),
+    ("decoder_embed_dim=Infinity",
+     ["model.decoder_embed_dim is inf (a float), not a positive integer"]),
+    ("decoder_normalize_before=NaN",
+     ["model.decoder_normalize_before is nan (a float), not a bool"]),
+    ("activation_fn=3", ["model.activation_fn is 3, not a string"]),
 ])
 def test_refuses_cfg_that_contradicts_the_file(made, failing_mount, setting,
                                                needles):
