@@ -466,11 +466,13 @@ static int unflatten_by_model(reader *r)
 			    offsetof(rs_tensor, name));
 	for (size_t i = 0; i < c->count && !err; i++) {
 		rs_tensor *t = &c->tensors[i];
-		const char *key = strchr(t->name + strlen(prefix), '.');
+		const char *key;
 		const rs_tensor *m;
 		size_t hit;
 
-		if (strncmp(t->name, prefix, strlen(prefix)) != 0 || !key)
+		/* the prefix first: a shorter name has no state part */
+		if (strncmp(t->name, prefix, strlen(prefix)) != 0 ||
+		    !(key = strchr(t->name + strlen(prefix), '.')))
 			continue;
 		hit = rs_names_find(&by_name, key + 1);
 		if (hit == SIZE_MAX)
