@@ -53,6 +53,10 @@ int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
 	     size_t nuser, const char *user_path, const rs_map_dims *dims,
 	     rs_diag *d);
 
+/* The longest row pattern (rows.c takes at most 400 bytes from a rules
+ * file): a longer one matches nothing. */
+#define RS_MAP_PATTERN_MAX 1024
+
 /* Whether `name` matches row pattern `pat`, by the rules of
  * formats/model.h: nums receives what each '#' stood for (up to 2, 24
  * bytes each); with `stacked`, the pattern's first "#." is left out (the

@@ -23,10 +23,10 @@
 static bool match_glob(const char *pat, const char *name)
 {
 	size_t n = strlen(pat);
-	bool *at = calloc(4 * (n + 1), sizeof(bool));
-	bool *run, *nat, *nrun, ok;
+	bool at[4 * (RS_MAP_PATTERN_MAX + 1)] = { false };
+	bool *run, *nat, *nrun;
 
-	if (!at)
+	if (n > RS_MAP_PATTERN_MAX)
 		return false;
 	run = at + (n + 1);
 	nat = run + (n + 1);
@@ -56,9 +56,7 @@ static bool match_glob(const char *pat, const char *name)
 		}
 		memcpy(at, nat, 2 * (n + 1) * sizeof(bool));
 	}
-	ok = at[n];
-	free(at);
-	return ok;
+	return at[n];
 }
 
 bool rs_map_match(const char *pat, const char *name, bool stacked,

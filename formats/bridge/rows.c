@@ -12,6 +12,8 @@
 #include <string.h>
 
 #define ROW_PATTERN_MAX 400
+_Static_assert(ROW_PATTERN_MAX <= RS_MAP_PATTERN_MAX,
+	       "every pattern a rules file may hold is one rs_map_match takes");
 
 static const char *str_of(const cJSON *o, const char *key)
 {
