@@ -148,29 +148,6 @@ static int settle(rs_model_facts *out, rs_model_facts *f, bool args,
 
 /* ---- Megatron's args ------------------------------------------------ */
 
-/* A pickled value as messages show it. */
-static void pv_text(const rs_pvalue *v, char *out, size_t size)
-{
-	int64_t i;
-	double x;
-	bool b;
-	size_t len;
-	const char *s;
-
-	if (rs_pv_bool(v, &b) == 0)
-		snprintf(out, size, "%s", b ? "True" : "False");
-	else if (rs_pv_int(v, &i) == 0)
-		snprintf(out, size, "%lld", (long long)i);
-	else if (rs_pv_float(v, &x) == 0)
-		snprintf(out, size, "%.17g", x);
-	else if ((s = rs_pv_str(v, &len)))
-		snprintf(out, size, "'%.60s%s'", s, len > 60 ? "..." : "");
-	else
-		snprintf(out, size, "%s", rs_pv_kind(v) == RS_PV_BIGINT
-						  ? "an integer beyond 64 bits"
-						  : "not a number, bool or str");
-}
-
 /* One args field into f: 0 (absent or None: unknown), -EINVAL reported. */
 static int arg_fact(rs_model_facts *f, const rs_pvalue *args,
 		    const fact_def *def, const char *where, rs_diag *d)
@@ -209,7 +186,7 @@ static int arg_fact(rs_model_facts *f, const rs_pvalue *args,
 	}
 	if (ok)
 		return 0;
-	pv_text(v, got, sizeof(got));
+	rs_pv_text(v, got, sizeof(got));
 	wanted(def, want, sizeof(want));
 	rs_diag_add(d, "%s: args.%s is %s, not %s", where, def->args, got, want);
 	return -EINVAL;

@@ -120,7 +120,7 @@ static int subst(const char *pat, bool elide, char vals[][24], int nvals,
 			continue;
 		}
 		if (*pat == '#') {
-			if (used == nvals)
+			if (used >= nvals)      /* nvals < 0: none at all */
 				return -EINVAL;
 			piece = vals[used++];
 			n = strlen(piece);

@@ -1458,6 +1458,52 @@ bool rs_pv_str_is(const rs_pvalue *v, const char *s)
 	       memcmp(v->u.s.p, s, n) == 0;
 }
 
+const char *rs_pv_text(const rs_pvalue *v, char *buf, size_t size)
+{
+	const char *s;
+	size_t len;
+	int64_t i;
+	double f;
+	bool b;
+
+	if (!v) {
+		snprintf(buf, size, "missing");
+		return buf;
+	}
+	switch (v->kind) {
+	case RS_PV_INT:
+		rs_pv_int(v, &i);
+		snprintf(buf, size, "%lld", (long long)i);
+		break;
+	case RS_PV_BIGINT:
+		snprintf(buf, size, "an int wider than 64 bits");
+		break;
+	case RS_PV_FLOAT:
+		rs_pv_float(v, &f);
+		/* 15 digits when they read back as f, else all 17 */
+		snprintf(buf, size, "%.15g", f);
+		if (strtod(buf, NULL) != f && f == f)
+			snprintf(buf, size, "%.17g", f);
+		snprintf(buf + strlen(buf), size - strlen(buf), " (a float)");
+		break;
+	case RS_PV_BOOL:
+		rs_pv_bool(v, &b);
+		snprintf(buf, size, "%s (a bool)", b ? "True" : "False");
+		break;
+	case RS_PV_STR:
+		s = rs_pv_str(v, &len);
+		snprintf(buf, size, "'%.40s%s' (a str)", s, len > 40 ? "..." : "");
+		break;
+	case RS_PV_NONE:
+		snprintf(buf, size, "None");
+		break;
+	default:
+		snprintf(buf, size, "a value of another type");
+		break;
+	}
+	return buf;
+}
+
 size_t rs_pv_len(const rs_pvalue *v)
 {
 	if (!v || !is_seq(v->kind))

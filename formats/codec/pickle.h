@@ -161,6 +161,12 @@ const uint8_t *rs_pv_bytes(const rs_pvalue *v, size_t *len);
 /* STR equal to s. */
 bool rs_pv_str_is(const rs_pvalue *v, const char *s);
 
+/* A value as refusals show it, into buf (returned): "missing" for NULL,
+ * None, 3, an int wider than 64 bits, 0.5 (a float), True (a bool),
+ * '...' (a str, its first 40 bytes), or "a value of another type".
+ * Floats are written shortest that reads back the same. */
+const char *rs_pv_text(const rs_pvalue *v, char *buf, size_t size);
+
 /* TUPLE, LIST, SET: item count and item i; DICT: pair count. */
 size_t rs_pv_len(const rs_pvalue *v);
 const rs_pvalue *rs_pv_item(const rs_pvalue *v, size_t i);

@@ -186,30 +186,6 @@ static bool same(const rs_pvalue *a, const rs_pvalue *b)
 	}
 }
 
-/* A scalar as messages show it ("absent" for NULL). */
-static void value_text(const rs_pvalue *v, char *out, size_t size)
-{
-	int64_t i;
-	double x;
-	bool b;
-	const char *s;
-
-	if (!v)
-		snprintf(out, size, "absent");
-	else if (rs_pv_kind(v) == RS_PV_NONE)
-		snprintf(out, size, "None");
-	else if (rs_pv_bool(v, &b) == 0)
-		snprintf(out, size, "%s", b ? "True" : "False");
-	else if (rs_pv_int(v, &i) == 0)
-		snprintf(out, size, "%lld", (long long)i);
-	else if (rs_pv_float(v, &x) == 0)
-		snprintf(out, size, "%.17g", x);
-	else if ((s = rs_pv_str(v, NULL)))
-		snprintf(out, size, "'%.60s'", s);
-	else
-		snprintf(out, size, "another value");
-}
-
 /* Every rank file must be of the same save as the first, and say the
  * same of the model: a view takes its facts from the first. */
 int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
@@ -234,8 +210,8 @@ int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
 		if (!same(rs_pv_get(args, fields[i]), arg(r->st, fields[i]))) {
 			char a[80], b[80];
 
-			value_text(rs_pv_get(args, fields[i]), a, sizeof(a));
-			value_text(arg(r->st, fields[i]), b, sizeof(b));
+			rs_pv_text(rs_pv_get(args, fields[i]), a, sizeof(a));
+			rs_pv_text(arg(r->st, fields[i]), b, sizeof(b));
 			rs_diag_add(r->d, "%s: args.%s is %s, but %s (TP rank 0, stage 0) says %s",
 				    path, fields[i], a, r->st->first_path, b);
 			return -EINVAL;

@@ -62,7 +62,7 @@ static int int_field(cfg_scope *s, const char *key, bool required,
 	}
 	if (rs_pv_int(v, &x) != 0 || x <= 0) {
 		rs_diag_add(s->d, "%s: cfg: model.%s is %s, not a positive integer",
-			    s->where, key, ms_value_text(v, t, sizeof(t)));
+			    s->where, key, rs_pv_text(v, t, sizeof(t)));
 		return -EINVAL;
 	}
 	if ((uint64_t)x > max) {
@@ -85,7 +85,7 @@ static int bool_field(cfg_scope *s, const char *key, bool *out)
 
 	if (!err && v && rs_pv_bool(v, out) != 0) {
 		rs_diag_add(s->d, "%s: cfg: model.%s is %s, not a bool",
-			    s->where, key, ms_value_text(v, t, sizeof(t)));
+			    s->where, key, rs_pv_text(v, t, sizeof(t)));
 		return -EINVAL;
 	}
 	return err;
@@ -105,7 +105,7 @@ static int str_field(cfg_scope *s, const char *key, size_t max,
 	*out = ms_whole_str(v);
 	if (!*out || strlen(*out) > max) {
 		rs_diag_add(s->d, "%s: cfg: model.%s is %s, not a string of at most %zu bytes",
-			    s->where, key, ms_value_text(v, t, sizeof(t)), max);
+			    s->where, key, rs_pv_text(v, t, sizeof(t)), max);
 		return -EINVAL;
 	}
 	return 0;

@@ -61,49 +61,6 @@ const char *ms_whole_str(const rs_pvalue *v)
 	return s && strlen(s) == len ? s : NULL;
 }
 
-const char *ms_value_text(const rs_pvalue *v, char *buf, size_t size)
-{
-	const char *s;
-	size_t len;
-	int64_t i;
-	double f;
-	bool b;
-
-	if (!v) {
-		snprintf(buf, size, "missing");
-		return buf;
-	}
-	switch (rs_pv_kind(v)) {
-	case RS_PV_INT:
-		rs_pv_int(v, &i);
-		snprintf(buf, size, "%lld", (long long)i);
-		break;
-	case RS_PV_BIGINT:
-		snprintf(buf, size, "an int wider than 64 bits");
-		break;
-	case RS_PV_FLOAT:
-		rs_pv_float(v, &f);
-		snprintf(buf, size, "%g (a float)", f);
-		break;
-	case RS_PV_BOOL:
-		rs_pv_bool(v, &b);
-		snprintf(buf, size, "%s (a bool)", b ? "True" : "False");
-		break;
-	case RS_PV_STR:
-		s = rs_pv_str(v, &len);
-		snprintf(buf, size, "'%.40s%s' (a str)", s,
-			 len > 40 ? "..." : "");
-		break;
-	case RS_PV_NONE:
-		snprintf(buf, size, "None");
-		break;
-	default:
-		snprintf(buf, size, "a value of another type");
-		break;
-	}
-	return buf;
-}
-
 bool ms_dict(const rs_pvalue *v, const rs_pvalue **items)
 {
 	if (rs_pv_kind(v) == RS_PV_DICT) {
@@ -256,7 +213,7 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 	if (rs_pv_int(rs_pv_get(items, "padding"), &pad) != 0 || pad < 0) {
 		rs_diag_add(d, "%s: shard_metadata: %s%s%s: padding is %s, not a non-negative int",
 			    where, path, plen ? "." : "", flat_name,
-			    ms_value_text(rs_pv_get(items, "padding"), t,
+			    rs_pv_text(rs_pv_get(items, "padding"), t,
 					  sizeof(t)));
 		return -EINVAL;
 	}
@@ -279,7 +236,7 @@ static int pickle_flat(ms_meta *m, size_t *cap, const char *path,
 		if (rs_pv_int(rs_pv_item(numels, i), &numel) != 0 || numel < 0) {
 			rs_diag_add(d, "%s: shard_metadata: %s: numels[%zu] is %s, not a non-negative int",
 				    where, f->key, i,
-				    ms_value_text(rs_pv_item(numels, i), t,
+				    rs_pv_text(rs_pv_item(numels, i), t,
 						  sizeof(t)));
 			return -EINVAL;
 		}

@@ -162,10 +162,6 @@ extern const char *const ms_pickle_allow[];
 /* A str value without NULs (C code would cut at the first), or NULL. */
 const char *ms_whole_str(const rs_pvalue *v);
 
-/* v as a message shows it ("-3", "'4' (a str)", "inf (a float)"), in
- * buf. */
-const char *ms_value_text(const rs_pvalue *v, char *buf, size_t size);
-
 /* Whether v is a dict or an OrderedDict/defaultdict; *items is then
  * the DICT of its pairs (NULL for an empty OrderedDict: length 0). */
 bool ms_dict(const rs_pvalue *v, const rs_pvalue **items);
