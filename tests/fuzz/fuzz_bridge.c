@@ -23,61 +23,13 @@
 #include "formats/codec/json_text.h"
 #include "formats/facts.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/unit/hf_llama_catalog.h"
 
 #define RULES "fuzz/rules.json"
 #define CONFIG "fuzz/config.json"
 #define DIR "fuzz"
 
 /* ---- part 0: rows, applied ------------------------------------------ */
-
-static void add(rs_catalog *c, const char *name, rs_dtype dt, uint64_t rows,
-		uint64_t cols)
-{
-	uint64_t shape[2] = { rows, cols };
-	int nd = cols ? 2 : 1;
-	size_t i;
-
-	if (rs_catalog_add_fragments(c, name, dt, nd, shape, 1, &i))
-		return;
-	c->tensors[i].frags[0].box.ndim = nd;
-	c->tensors[i].frags[0].box.len[0] = rows;
-	c->tensors[i].frags[0].box.len[1] = cols;
-	c->tensors[i].frags[0].stride[0] = cols ? cols : 1;
-	c->tensors[i].frags[0].stride[1] = 1;
-	c->tensors[i].frags[0].source = (uint32_t)i;
-}
-
-/* Two layers of an HF Llama (4 heads in 2 groups of 2 rows, hidden 8,
- * ffn 6, vocab 10); the last byte of the rules picks a layer-1 tensor
- * stored in float16, so that stacks of two dtypes are met. */
-static void hf_llama(rs_catalog *c, unsigned odd)
-{
-	static const struct {
-		const char *what;
-		uint64_t rows, cols;
-	} t[] = {
-		{ "self_attn.q_proj.weight", 8, 8 },
-		{ "self_attn.k_proj.weight", 4, 8 },
-		{ "self_attn.v_proj.weight", 4, 8 },
-		{ "self_attn.o_proj.weight", 8, 8 },
-		{ "mlp.gate_proj.weight", 6, 8 },
-		{ "mlp.up_proj.weight", 6, 8 },
-		{ "mlp.down_proj.weight", 8, 6 },
-		{ "input_layernorm.weight", 8, 0 },
-		{ "post_attention_layernorm.weight", 8, 0 },
-	};
-	char n[128];
-
-	add(c, "model.embed_tokens.weight", RS_DTYPE_F32, 10, 8);
-	add(c, "lm_head.weight", RS_DTYPE_F32, 10, 8);
-	add(c, "model.norm.weight", RS_DTYPE_F32, 8, 0);
-	for (unsigned l = 0; l < 2; l++)
-		for (unsigned k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-			snprintf(n, sizeof(n), "model.layers.%u.%s", l, t[k].what);
-			add(c, n, l == 1 && k == odd ? RS_DTYPE_F16 : RS_DTYPE_F32,
-			    t[k].rows, t[k].cols);
-		}
-}
 
 static void check_rows(const rs_map_row *rows, size_t n)
 {
@@ -132,7 +84,11 @@ static void rules_part(const uint8_t *p, size_t n)
 			memset(&ck, 0, sizeof(ck));
 			ck.dir_path = DIR;
 			rs_catalog_init(&ck.catalog);
-			hf_llama(&ck.catalog, n ? p[n - 1] % 12 : 11);
+			/* the last byte picks a layer-1 tensor stored in
+			 * float16, so that stacks of two dtypes are met */
+			hfl_catalog(&ck.catalog, 2,
+				    n ? p[n - 1] % (HFL_PER_LAYER + 3)
+				      : HFL_PER_LAYER);
 			err = rs_remap(&ck, f, rows, nrows, RULES, &dims, d2);
 			rs_fuzz_check_diag(d2, err, DIR);
 			if (!err)

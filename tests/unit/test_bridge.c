@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "formats/bridge/bridge_int.h"
+#include "tests/unit/hf_llama_catalog.h"
 #include "tests/unit/check.h"
 
 static bool match(const char *pat, const char *name, bool stacked,
@@ -66,54 +67,19 @@ static void test_match_bounded(void)
 	CHECK(match(pat, name, false, NULL, NULL));
 }
 
-/* An HF Llama of L layers, H heads in G groups of d rows, hidden h, ffn
- * f, vocab v: each tensor one C-order fragment in a source of its own. */
-enum { L = 3, H = 4, G = 2, D = 2, HID = 8, FFN = 6, V = 10 };
+/* An HF Llama of L layers (tests/unit/hf_llama_catalog.h): H heads in G
+ * groups of D rows, hidden HID, ffn FFN, vocab V. */
+enum { L = 3, H = HFL_H, G = HFL_G, D = HFL_D, HID = HFL_HID, FFN = HFL_FFN,
+       V = HFL_V };
 
 static void add(rs_catalog *c, const char *name, uint64_t rows, uint64_t cols)
 {
-	uint64_t shape[2] = { rows, cols };
-	int nd = cols ? 2 : 1;
-	size_t i;
-
-	CHECK(rs_catalog_add_fragments(c, name, RS_DTYPE_F32, nd, shape, 1, &i) == 0);
-	c->tensors[i].frags[0].box.ndim = nd;
-	c->tensors[i].frags[0].box.len[0] = rows;
-	c->tensors[i].frags[0].box.len[1] = cols;
-	c->tensors[i].frags[0].stride[0] = cols ? cols : 1;
-	c->tensors[i].frags[0].stride[1] = 1;
-	c->tensors[i].frags[0].source = (uint32_t)i;
-	c->tensors[i].frags[0].offset = 4096;
+	CHECK(hfl_add(c, name, RS_DTYPE_F32, rows, cols) == 0);
 }
 
 static void hf_llama(rs_catalog *c)
 {
-	char n[128];
-
-	add(c, "model.embed_tokens.weight", V, HID);
-	add(c, "lm_head.weight", V, HID);
-	add(c, "model.norm.weight", HID, 0);
-	for (int l = 0; l < L; l++) {
-		static const struct {
-			const char *what;
-			uint64_t rows, cols;
-		} t[] = {
-			{ "self_attn.q_proj.weight", H * D, HID },
-			{ "self_attn.k_proj.weight", G * D, HID },
-			{ "self_attn.v_proj.weight", G * D, HID },
-			{ "self_attn.o_proj.weight", HID, H * D },
-			{ "mlp.gate_proj.weight", FFN, HID },
-			{ "mlp.up_proj.weight", FFN, HID },
-			{ "mlp.down_proj.weight", HID, FFN },
-			{ "input_layernorm.weight", HID, 0 },
-			{ "post_attention_layernorm.weight", HID, 0 },
-		};
-
-		for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-			snprintf(n, sizeof(n), "model.layers.%d.%s", l, t[k].what);
-			add(c, n, t[k].rows, t[k].cols);
-		}
-	}
+	CHECK(hfl_catalog(c, L, HFL_PER_LAYER) == 0);   /* all float32 */
 }
 
 /* Where element idx of t is stored: its source and byte offset. */
