@@ -91,15 +91,22 @@ static void wanted(const fact_def *def, char *out, size_t size)
 	}
 }
 
+/* Whether v is a value of a count or real fact. */
+static bool fits(const fact_def *def, double v)
+{
+	return (def->k == COUNT32 || def->k == COUNT64 || def->k == REAL) &&
+	       isfinite(v) && v >= def->min && v <= def->max &&
+	       (def->k == REAL || v == floor(v));
+}
+
 /* A checked number (or flag) into the fact's slot. */
 static bool store_number(rs_model_facts *f, const fact_def *def, double v)
 {
 	if (def->k == FLAG || def->k == NOT_FLAG) {
-		*(int *)slot(f, def) = def->k == NOT_FLAG ? !(v != 0) : v != 0;
+		*(int *)slot(f, def) = def->k == NOT_FLAG ? v == 0 : v != 0;
 		return true;
 	}
-	if (!isfinite(v) || v < def->min || v > def->max ||
-	    (def->k != REAL && v != floor(v)))
+	if (!fits(def, v))
 		return false;
 	if (def->k == COUNT32)
 		*(uint32_t *)slot(f, def) = (uint32_t)v;
@@ -251,33 +258,29 @@ static void json_text(const cJSON *v, char *out, size_t size)
 int rs_facts_hf_number(const cJSON *cfg, const char *field,
 		       const char *where, double *out, rs_diag *d)
 {
-	static const fact_def other = { NULL, NULL, REAL, 0, 1e300, 0 };
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, field);
 	const fact_def *def = hf_def(field);
-	rs_model_facts scratch;
-	char got[100], want[80];
+	bool flag = def && (def->k == FLAG || def->k == NOT_FLAG);
+	char got[100], want[80] = "a finite non-negative number";
 	bool ok;
 
 	if (!v || cJSON_IsNull(v))
 		return 0;
-	if (!def)
-		def = &other;
-	rs_facts_init(&scratch);
+	/* a field the table does not know: a bool, or a number >= 0 */
 	if (cJSON_IsBool(v))
-		ok = def->k == FLAG || def->k == NOT_FLAG || def == &other;
+		ok = !def || flag;
 	else
-		ok = cJSON_IsNumber(v) && def->k != FLAG && def->k != NOT_FLAG &&
-		     def->k != TEXT &&
-		     (def == &other ? isfinite(v->valuedouble) && v->valuedouble >= 0
-				    : store_number(&scratch, def, v->valuedouble));
+		ok = cJSON_IsNumber(v) &&
+		     (def ? fits(def, v->valuedouble)
+			  : isfinite(v->valuedouble) && v->valuedouble >= 0);
 	if (ok) {
 		*out = cJSON_IsBool(v) ? cJSON_IsTrue(v) : v->valuedouble;
 		return 1;
 	}
 	json_text(v, got, sizeof(got));
-	wanted(def, want, sizeof(want));
-	rs_diag_add(d, "%s: %s is %s, not %s", where, field, got,
-		    def == &other ? "a finite non-negative number" : want);
+	if (def)
+		wanted(def, want, sizeof(want));
+	rs_diag_add(d, "%s: %s is %s, not %s", where, field, got, want);
 	return -EINVAL;
 }
 

@@ -719,8 +719,7 @@ int rs_cuda_executor_create(void **impl, const rs_executor_ops **ops,
 	 * (an error), so a machine without one lands here. */
 	e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess || count <= 0) {
-		(void)cudaGetLastError();
-		no_device(e, d);
+		no_device(e, d);        /* clears the error too */
 		return -ENODEV;
 	}
 	for (unsigned i = 0; i < ngpus; i++)

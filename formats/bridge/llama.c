@@ -325,9 +325,8 @@ int rs_llama_from_hf(rs_checkpoint *ck, const rs_family *f,
 			    cJSON_IsString(type) ? "\"" : "");
 		err = -EINVAL;
 	}
-	/* the heads, KV heads, vocab and tying, range-checked */
-	if (!err)
-		err = rs_facts_from_hf(&ck->facts, cfg, path, d);
+	/* the heads, KV heads, vocab and tying: the safetensors reader has
+	 * read them from this file into ck->facts, range-checked */
 	if (!err && !ck->facts.heads) {
 		rs_diag_add(d, "%s: num_attention_heads is missing", path);
 		err = -EINVAL;

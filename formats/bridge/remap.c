@@ -66,17 +66,18 @@ bool rs_map_match(const char *pat, const char *name, bool stacked,
 
 	if (strchr(pat, '*')) {
 		const char *layer = strstr(pat, "#.");
-		char *p;
-		bool ok;
+		char p[RS_MAP_PATTERN_MAX + 1];
+		size_t at;
 
 		if (!stacked)
 			return match_glob(pat, name);
-		if (!layer || !(p = strdup(pat)))
+		if (!layer || strlen(pat) > RS_MAP_PATTERN_MAX)
 			return false;
-		memmove(p + (layer - pat), layer + 2, strlen(layer + 2) + 1);
-		ok = match_glob(p, name);
-		free(p);
-		return ok;
+		/* the pattern without its first "#." */
+		at = (size_t)(layer - pat);
+		memcpy(p, pat, at);
+		strcpy(p + at, layer + 2);
+		return match_glob(p, name);
 	}
 	/* No '*': each character of the pattern takes one place in the
 	 * name, each '#' all the digits there - one pass. */
