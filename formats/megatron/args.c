@@ -10,10 +10,12 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Far beyond real models; bounds what args may make the reader allocate. */
 #define RS_MEGATRON_MAX_LAYERS (1u << 16)
+#define RS_MEGATRON_MAX_EXPERTS (1u << 16)
 
 bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
 {
@@ -77,6 +79,87 @@ static int check_version(rs_meg_reader *r, const char *path)
 	return 0;
 }
 
+/* Which layers args.moe_layer_freq makes MoE layers: an int N, every
+ * N-th from layer 0; a list, one 0/1 per layer (Megatron-LM's
+ * arguments.py moe_freq_type, as megatron-core's
+ * get_gpt_decoder_block_spec reads it). */
+static int read_moe_layers(rs_meg_reader *r, const char *path)
+{
+	rs_meg_state *st = r->st;
+	const rs_pvalue *v = arg(st, "moe_layer_freq");
+	int64_t n = 1;
+
+	st->moe_layer = calloc(st->layers, 1);
+	if (!st->moe_layer)
+		return -ENOMEM;
+	if (v && (rs_pv_kind(v) == RS_PV_LIST || rs_pv_kind(v) == RS_PV_TUPLE)) {
+		if (rs_pv_len(v) != st->layers) {
+			rs_diag_add(r->d, "%s: args.moe_layer_freq lists %zu layers, but args.num_layers is %llu",
+				    path, rs_pv_len(v), (unsigned long long)st->layers);
+			return -EINVAL;
+		}
+		for (size_t i = 0; i < st->layers; i++) {
+			int64_t b;
+
+			if (rs_pv_int(rs_pv_item(v, i), &b) || (b != 0 && b != 1)) {
+				rs_diag_add(r->d, "%s: args.moe_layer_freq[%zu] is not 0 or 1",
+					    path, i);
+				return -EINVAL;
+			}
+			st->moe_layer[i] = (uint8_t)b;
+		}
+		return 0;
+	}
+	if (v && rs_pv_kind(v) != RS_PV_NONE && (rs_pv_int(v, &n) || n < 1)) {
+		rs_diag_add(r->d, "%s: args.moe_layer_freq is neither a positive integer nor a list of 0/1 per layer",
+			    path);
+		return -EINVAL;
+	}
+	for (uint64_t i = 0; i < st->layers; i++)
+		st->moe_layer[i] = i % (uint64_t)n == 0;
+	return 0;
+}
+
+/* Expert parallelism: args must agree with the EP rank directories, and
+ * the expert TP must be the dense TP.  Megatron-LM names a rank file by
+ * its (TP, PP, EP) ranks only (checkpointing.py get_checkpoint_name), and
+ * the ranks of expert-data-parallel rank 0 write them: with an expert TP
+ * other than the TP those names do not form a grid, or two ranks holding
+ * different expert shards write one name. */
+static int read_expert_args(rs_meg_reader *r, const char *path)
+{
+	rs_meg_state *st = r->st;
+	uint64_t ep = 1, etp = st->tp, n = 0;
+	int got;
+
+	got = arg_u64(st, "expert_model_parallel_size", &ep);
+	if (got < 0 || (got && ep != st->ep) || (!got && st->ep > 1)) {
+		rs_diag_add(r->d, "%s: args.expert_model_parallel_size is not %u, the number of EP rank directories",
+			    path, st->ep);
+		return -EINVAL;
+	}
+	got = arg_u64(st, "expert_tensor_parallel_size", &etp);
+	if (got < 0 || etp != st->tp) {
+		rs_diag_add(r->d, "%s: args.expert_tensor_parallel_size is not tensor_model_parallel_size (%u): per-rank files are named by TP, PP and EP rank only, so they cannot hold another expert TP",
+			    path, st->tp);
+		return -EINVAL;
+	}
+	got = arg_u64(st, "num_experts", &n);
+	if (got < 0 || n > RS_MEGATRON_MAX_EXPERTS ||
+	    (got && n && n % st->ep)) {
+		rs_diag_add(r->d, "%s: args.num_experts is not an expert count up to %u that divides by the %u EP ranks",
+			    path, RS_MEGATRON_MAX_EXPERTS, st->ep);
+		return -EINVAL;
+	}
+	if (!n && st->ep > 1) {
+		rs_diag_add(r->d, "%s: args.num_experts is not set, but there are %u EP rank directories",
+			    path, st->ep);
+		return -EINVAL;
+	}
+	st->experts = n;
+	return n ? read_moe_layers(r, path) : 0;
+}
+
 /* The args of the first rank file decide the layout the model walk
  * checks; what this reader cannot map is refused here. */
 int rs_meg_read_args(rs_meg_reader *r, const char *path)
@@ -107,11 +190,6 @@ int rs_meg_read_args(rs_meg_reader *r, const char *path)
 				    path, uneven[i]);
 			return -EINVAL;
 		}
-	if (arg_u64(st, "expert_model_parallel_size", &v) > 0 && v > 1) {
-		rs_diag_add(r->d, "%s: args.expert_model_parallel_size is %llu: expert parallelism is not supported",
-			    path, (unsigned long long)v);
-		return -EINVAL;
-	}
 	if (arg_u64(st, "num_layers", &layers) <= 0 || !layers ||
 	    layers > RS_MEGATRON_MAX_LAYERS) {
 		rs_diag_add(r->d, "%s: args.num_layers is not a layer count from 1 to %u",
@@ -150,6 +228,9 @@ int rs_meg_read_args(rs_meg_reader *r, const char *path)
 		return -EINVAL;
 	}
 	r->lpc = layers / ((uint64_t)st->pp * st->vpp);
+	err = read_expert_args(r, path);
+	if (err)
+		return err;
 	err = rs_facts_from_args(&r->ck->facts, rs_pv_state(st->args), "args",
 				 path, r->d);
 	if (err)
@@ -196,6 +277,8 @@ int rs_meg_check_same(const rs_meg_reader *r, const rs_pvalue *top,
 		"pipeline_model_parallel_size",
 		"virtual_pipeline_model_parallel_size", "padded_vocab_size",
 		"swiglu", "untie_embeddings_and_output_weights",
+		"expert_model_parallel_size", "expert_tensor_parallel_size",
+		"num_experts",
 	};
 	const rs_pvalue *args = rs_pv_state(rs_pv_get(top, "args"));
 

@@ -25,12 +25,15 @@
 typedef struct {
 	rs_meg_reader *r;
 	const rs_zip *z;
-	uint32_t p, c, t, src;
+	uint32_t p, c, t, e, src;
+	uint32_t visit;         /* files of the stage merged before: e*T + t */
 	const char *path;
 	const char *keys[RS_MEGATRON_MAX_NESTING];
 	int nkeys;
 	size_t next;            /* ranks > 0: the catalog index expected next */
 	uint8_t *seen;          /* rank 0: layers of the chunk found */
+	size_t recent[4];       /* expert weights met last (find_in_chunk) */
+	size_t nrecent;
 	const rs_pvalue *dicts[RS_MEG_MAX_DICTS];   /* dicts walked so far */
 	size_t ndicts;
 } walker;
@@ -206,6 +209,7 @@ static int add_meta(walker *w, size_t index, int lk, uint64_t layer,
 			return err;
 		}
 	}
+	mt->expert_param = -1;
 	mt->layer_key = lk;
 	mt->layer_at = at_key;
 	mt->axis = axis;
@@ -277,6 +281,11 @@ static int match(walker *w, const char *name, const rs_torch_tensor *tt)
 			    w->path, name);
 		return -EINVAL;
 	}
+	if (r->st->tensors[i].expert_param >= 0) {
+		rs_diag_add(r->d, "%s: holds %s outside an expert module", w->path,
+			    name);
+		return -EINVAL;
+	}
 	ten = &r->ck->catalog.tensors[i];
 	axis = r->st->tensors[i].axis;
 	memcpy(want, ten->shape, sizeof(want));
@@ -288,14 +297,16 @@ static int match(walker *w, const char *name, const rs_torch_tensor *tt)
 			    w->path, name);
 		return -EINVAL;
 	}
-	if (r->filled[i] != w->t) {
+	if (r->filled[i] != w->visit) {
 		rs_diag_add(r->d, "%s: holds %s twice", w->path, name);
 		return -EINVAL;
 	}
 	r->filled[i]++;
 	w->next = i + 1;
-	if (axis < 0)
-		return 0;   /* replicated: TP rank 0's copy is served */
+	/* replicated: TP rank 0's copy is served; EP ranks > 0 hold copies
+	 * of what EP rank 0 holds (checked for shape and dtype only) */
+	if (axis < 0 || w->e > 0)
+		return 0;
 	return place_rank(w, ten, axis, tt);
 }
 
@@ -313,6 +324,231 @@ static int check_head(walker *w, const rs_torch_tensor *tt)
 			    w->path);
 		return -EINVAL;
 	}
+	return 0;
+}
+
+/* The catalog tensor `name` of the chunk being walked (rank 0 creates
+ * it), found from the last few expert weights met: a file names its
+ * experts' weights in turn. */
+static long find_in_chunk(walker *w, const char *name)
+{
+	rs_meg_reader *r = w->r;
+	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
+	size_t end = w->visit == 0 ? r->ck->catalog.count : r->group[g + 1];
+
+	for (size_t k = 0; k < 4; k++) {
+		size_t i = w->recent[k];
+
+		if (i >= r->group[g] && i < end &&
+		    strcmp(r->ck->catalog.tensors[i].name, name) == 0)
+			return (long)i;
+	}
+	for (size_t i = r->group[g]; i < end; i++)
+		if (strcmp(r->ck->catalog.tensors[i].name, name) == 0) {
+			w->recent[w->nrecent++ % 4] = i;
+			return (long)i;
+		}
+	return -1;
+}
+
+/* Fragment(s) of rank (e, t)'s experts [x0, x0 + n) of expert weight
+ * `ten`: `len` one expert's local extents, `stride` its element strides
+ * (xstride between experts), `offset` where expert x0 starts.  A gated
+ * fc1 is [W_t; V_t] per expert: two fragments, as dense fc1 (place_rank). */
+static void place_experts(walker *w, rs_tensor *ten, const rs_meg_tensor *mt,
+			  bool gated, uint64_t x0, uint64_t n, const uint64_t *len,
+			  const uint64_t *stride, uint64_t xstride,
+			  uint64_t offset, size_t slot, unsigned esize)
+{
+	uint32_t T = w->r->st->tp;
+	int k = ten->ndim - 1, a = mt->axis - 1;
+	uint64_t off[RS_MAX_DIMS] = { 0 }, ln[RS_MAX_DIMS] = { 0 };
+	rs_fragment *f = &ten->frags[slot * (gated ? 2 : 1)];
+
+	off[0] = x0;
+	ln[0] = n;
+	for (int i = 0; i < k; i++)
+		ln[i + 1] = len[i];
+	if (gated)
+		ln[1] = len[0] / 2;
+	if (a >= 0)
+		off[a + 1] = (uint64_t)w->t * ln[a + 1];
+	f->box.ndim = ten->ndim;
+	memcpy(f->box.off, off, sizeof(off));
+	memcpy(f->box.len, ln, sizeof(ln));
+	memset(f->stride, 0, sizeof(f->stride));
+	f->stride[0] = xstride;
+	for (int i = 0; i < k; i++)
+		f->stride[i + 1] = stride[i];
+	f->source = w->src;
+	f->offset = offset;
+	if (!gated)
+		return;
+	f[1] = f[0];
+	f[1].box.off[1] = (uint64_t)T * ln[1] + off[1];
+	f[1].offset = offset + ln[1] * stride[0] * esize;
+}
+
+/* One expert weight key of a rank file (megatron_int.h, rs_meg_experts):
+ * local expert `local` (GroupedMLP: all of them) of EP rank w->e, TP
+ * rank w->t's shard, becomes part of the catalog tensor
+ * <prefix>experts.<param> of shape (experts, out, in). */
+static int expert_leaf(walker *w, const char *name, const rs_torch_tensor *tt,
+		       int lk, uint64_t layer, size_t at_key, const char *rest,
+		       size_t at, rs_meg_experts form, int param, long local)
+{
+	rs_meg_reader *r = w->r;
+	rs_meg_state *st = r->st;
+	const rs_meg_expert_param *ep = &rs_meg_expert_params[param];
+	uint32_t T = st->tp;
+	uint64_t E = st->experts, L, one[RS_MAX_DIMS] = { 0 };
+	uint64_t stride[RS_MAX_DIMS] = { 0 }, shape[RS_MAX_DIMS] = { 0 };
+	uint64_t xstride = 0, x0, n;
+	unsigned esize = rs_dtype_size(tt->dtype);
+	char cname[1024], crest[512];
+	size_t head = strlen(name) - strlen(rest) + at;
+	int k, a = ep->tp_axis - 1, err;
+	bool gated;
+	long i;
+	rs_meg_tensor *mt;
+	rs_tensor *ten;
+
+	if (!E) {
+		rs_diag_add(r->d, "%s: %s: an expert weight, but args.num_experts is not set",
+			    w->path, name);
+		return -EINVAL;
+	}
+	L = E / st->ep;
+	if (st->form != RS_MEG_EXPERTS_NONE && st->form != form) {
+		rs_diag_add(r->d, "%s: %s: another expert module's key form than the other expert weights'",
+			    w->path, name);
+		return -EINVAL;
+	}
+	st->form = form;
+	if (local >= 0 && (uint64_t)local >= L) {
+		rs_diag_add(r->d, "%s: %s: local expert %ld, but args.num_experts %llu over %u EP ranks makes %llu per rank",
+			    w->path, name, local, (unsigned long long)E, st->ep,
+			    (unsigned long long)L);
+		return -EINVAL;
+	}
+	/* One expert's extents and strides, in (out, in) order. */
+	k = tt->ndim;
+	if (form != RS_MEG_EXPERTS_GROUPED) {
+		if (k < 1 || k > 2 || (ep->tp_axis > k)) {
+			rs_diag_add(r->d, "%s: %s: an expert weight of %d axes", w->path,
+				    name, k);
+			return -EINVAL;
+		}
+		memcpy(one, tt->shape, sizeof(uint64_t) * (size_t)k);
+		memcpy(stride, tt->stride, sizeof(uint64_t) * (size_t)k);
+		x0 = (uint64_t)r->ep_rank * L + (uint64_t)local;
+		n = 1;
+	} else {
+		/* GroupedMLP keeps weight1 [in, L*out] and weight2 [L*in, out]
+		 * and views them as [L, in, out]: expert l's (out, in) matrix
+		 * transposed, one after another in memory. */
+		uint64_t c0 = tt->shape[0], c1 = tt->shape[1];
+
+		if (k != 2 || tt->stride[1] != 1 || tt->stride[0] != c1 ||
+		    (param == 0 ? c1 % L : c0 % L)) {
+			rs_diag_add(r->d, "%s: %s: not a contiguous matrix of %llu experts",
+				    w->path, name, (unsigned long long)L);
+			return -EINVAL;
+		}
+		one[0] = param == 0 ? c1 / L : c1;       /* out */
+		one[1] = param == 0 ? c0 : c0 / L;       /* in */
+		stride[0] = 1;
+		stride[1] = one[0];
+		xstride = one[0] * one[1];
+		x0 = (uint64_t)r->ep_rank * L;
+		n = L;
+	}
+	gated = r->gated && ep->fc1;
+	if (gated && one[0] % 2) {
+		rs_diag_add(r->d, "%s: %s: a gated (swiglu) expert fc1 of %llu rows, not [W; V] halves",
+			    w->path, name, (unsigned long long)one[0]);
+		return -EINVAL;
+	}
+	shape[0] = E;
+	memcpy(shape + 1, one, sizeof(uint64_t) * (size_t)k);
+	if (a >= 0 && !rs_mul_u64(shape[a + 1], T, &shape[a + 1])) {
+		rs_diag_add(r->d, "%s: %s: global size overflows", w->path, name);
+		return -EINVAL;
+	}
+	if (snprintf(cname, sizeof(cname), "%.*sexperts.%s", (int)head, name,
+		     ep->param) >= (int)sizeof(cname) ||
+	    snprintf(crest, sizeof(crest), "%.*sexperts.%s", (int)at, rest,
+		     ep->param) >= (int)sizeof(crest)) {
+		rs_diag_add(r->d, "%s: a model key path is longer than %zu bytes",
+			    w->path, sizeof(crest) - 1);
+		return -EINVAL;
+	}
+	i = find_in_chunk(w, cname);
+	if (i < 0 && w->visit > 0) {
+		rs_diag_add(r->d, "%s: holds %s, which TP rank 0, EP rank 0 of its stage lacks",
+			    w->path, name);
+		return -EINVAL;
+	}
+	if (i < 0) {
+		size_t index, nfrags = (size_t)(form == RS_MEG_EXPERTS_GROUPED
+						 ? st->ep : E) * (a >= 0 ? T : 1) *
+				       (gated ? 2 : 1);
+
+		err = rs_catalog_add_fragments(&r->ck->catalog, cname, tt->dtype,
+					       k + 1, shape, nfrags, &index);
+		if (err) {
+			rs_diag_add(r->d, "%s: %s: shape too large", w->path, name);
+			return -EINVAL;
+		}
+		err = rs_catalog_set_origin(&r->ck->catalog, index, w->path);
+		if (!err)
+			err = add_meta(w, index, lk, layer, at_key, crest,
+				       RS_MEG_LAYER, a >= 0 ? ep->tp_axis : -1);
+		if (err)
+			return err;
+		mt = &st->tensors[index];
+		mt->expert_param = param;
+		mt->expert_at = at_key + at;
+		mt->have = calloc((size_t)E * T, 1);
+		if (!mt->have)
+			return -ENOMEM;
+		r->filled[index] = 0;
+		i = (long)index;
+		w->recent[w->nrecent++ % 4] = index;
+	}
+	ten = &r->ck->catalog.tensors[i];
+	mt = &st->tensors[i];
+	if (mt->expert_param != param || ten->dtype != tt->dtype ||
+	    ten->ndim != k + 1 ||
+	    memcmp(ten->shape, shape, sizeof(uint64_t) * (size_t)(k + 1))) {
+		rs_diag_add(r->d, "%s: %s differs in dtype or shape from the other experts' (%s)",
+			    w->path, name, ten->origin);
+		return -EINVAL;
+	}
+	if (r->filled[i] != w->visit && r->filled[i] != w->visit + 1) {
+		rs_diag_add(r->d, "%s: %s: an expert weight that an earlier rank file lacks",
+			    w->path, name);
+		return -EINVAL;
+	}
+	r->filled[i] = w->visit + 1;
+	for (uint64_t x = x0; x < x0 + n; x++) {
+		uint8_t *h = &mt->have[x * T + w->t];
+
+		if (*h) {
+			rs_diag_add(r->d, "%s: %s: holds global expert %llu twice",
+				    w->path, name, (unsigned long long)x);
+			return -EINVAL;
+		}
+		*h = 1;
+	}
+	/* a replicated expert weight (fc2's bias) is served from TP rank 0 */
+	if (a < 0 && w->t > 0)
+		return 0;
+	place_experts(w, ten, mt, gated, x0, n, one, stride, xstride, tt->offset,
+		      (form == RS_MEG_EXPERTS_GROUPED ? (size_t)r->ep_rank
+						      : (size_t)x0) *
+			      (a >= 0 ? T : 1) + (a >= 0 ? w->t : 0),
+		      esize);
 	return 0;
 }
 
@@ -365,7 +601,20 @@ static int leaf(walker *w, const rs_pvalue *v)
 	}
 	if (r->st->tied && strcmp(name, "word_embeddings_for_head.weight") == 0)
 		return check_head(w, &tt);
-	if (w->t > 0)
+	if (lk == w->nkeys - 1) {
+		rs_meg_experts form;
+		int param;
+		long local;
+		size_t at;
+
+		if (rs_meg_expert_key(rest, &form, &param, &local, &at)) {
+			if (w->visit == 0)
+				w->seen[n] = 1;
+			return expert_leaf(w, name, &tt, lk, layer, at_key,
+						  rest, at, form, param, local);
+		}
+	}
+	if (w->visit > 0)
 		return match(w, name, &tt);
 	if (lk >= 0)
 		w->seen[n] = 1;
@@ -437,28 +686,82 @@ static int walk(walker *w, const rs_pvalue *pairs)
 	return 0;
 }
 
+/* Rank file (e, t) must hold every one of its EP rank's local experts of
+ * each expert weight of the chunk: no holes, whatever the key form. */
+static int check_experts(walker *w)
+{
+	rs_meg_reader *r = w->r;
+	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
+	uint64_t L = r->st->experts / r->st->ep;
+
+	for (size_t i = r->group[g]; i < r->group[g + 1]; i++) {
+		const rs_meg_tensor *mt = &r->st->tensors[i];
+
+		if (mt->expert_param < 0)
+			continue;
+		for (uint64_t l = 0; l < L; l++) {
+			uint64_t x = w->e * L + l;
+
+			if (!mt->have[x * r->st->tp + w->t]) {
+				rs_diag_add(r->d, "%s: %s: lacks local expert %llu (global expert %llu of %llu)",
+					    w->path, r->ck->catalog.tensors[i].name,
+					    (unsigned long long)l, (unsigned long long)x,
+					    (unsigned long long)r->st->experts);
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
+}
+
+/* The first rank file of a stage: experts where args.moe_layer_freq
+ * says, and no other layer holding any; then its own experts. */
+static int check_moe_layers(walker *w)
+{
+	rs_meg_reader *r = w->r;
+	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
+	uint64_t first = ((uint64_t)w->c * r->st->pp + w->p) * r->lpc;
+
+	if (!r->st->experts)
+		return 0;
+	memset(w->seen, 0, r->lpc ? r->lpc : 1);
+	for (size_t i = r->group[g]; i < r->group[g + 1]; i++)
+		if (r->st->tensors[i].expert_param >= 0)
+			w->seen[r->st->tensors[i].layer - first] = 1;
+	for (uint64_t n = 0; n < r->lpc; n++)
+		if (w->seen[n] != r->st->moe_layer[first + n]) {
+			rs_diag_add(r->d, "%s: layer %llu (model chunk %u's %llu) %s, but args.moe_layer_freq says it is %s",
+				    w->path, (unsigned long long)(first + n), w->c,
+				    (unsigned long long)n,
+				    w->seen[n] ? "holds experts" : "holds no experts",
+				    w->seen[n] ? "dense" : "an MoE layer");
+			return -EINVAL;
+		}
+	return check_experts(w);
+}
+
 /* After rank t's chunk: everything TP rank 0 had must have been found. */
 static int check_group(walker *w)
 {
 	rs_meg_reader *r = w->r;
 	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
 
-	if (w->t == 0) {
+	if (w->visit == 0) {
 		for (uint64_t n = 0; n < r->lpc; n++)
 			if (!w->seen[n]) {
 				rs_diag_add(r->d, "%s: model chunk %u holds no tensor of its layer %llu",
 					    w->path, w->c, (unsigned long long)n);
 				return -EINVAL;
 			}
-		return 0;
+		return check_moe_layers(w);
 	}
 	for (size_t i = r->group[g]; i < r->group[g + 1]; i++)
-		if (r->filled[i] != w->t + 1) {
+		if (r->filled[i] != w->visit + 1) {
 			rs_diag_add(r->d, "%s: lacks %s, which TP rank 0 of its stage holds",
 				    w->path, r->ck->catalog.tensors[i].name);
 			return -EINVAL;
 		}
-	return 0;
+	return check_experts(w);
 }
 
 int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
@@ -469,7 +772,9 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 
 	if (!w)
 		return err;
-	*w = (walker){ .r = r, .z = z, .p = p, .t = t, .src = src, .path = path };
+	*w = (walker){ .r = r, .z = z, .p = p, .t = t, .e = r->ep_rank,
+		       .visit = r->ep_rank * r->st->tp + t, .src = src,
+		       .path = path };
 	w->seen = calloc(r->lpc ? r->lpc : 1, 1);
 	if (!w->seen)
 		goto out;
@@ -492,11 +797,11 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 		}
 		w->c = c;
 		memset(w->seen, 0, r->lpc ? r->lpc : 1);
-		if (t == 0)
+		if (w->visit == 0)
 			r->group[g] = r->ck->catalog.count;
 		w->next = r->group[g];
 		err = walk(w, pairs);
-		if (t == 0)
+		if (w->visit == 0)
 			r->group[g + 1] = r->ck->catalog.count;
 		if (!err)
 			err = check_group(w);

@@ -36,8 +36,10 @@ void rs_meg_state_free(void *state)
 		for (int k = 0; k < st->tensors[i].nkeys; k++)
 			free(st->tensors[i].keys[k]);
 		free(st->tensors[i].keys);
+		free(st->tensors[i].have);
 	}
 	free(st->tensors);
+	free(st->moe_layer);
 	rs_pickle_free(st->pk);
 	free(st->first_path);
 	free(st);
@@ -54,8 +56,8 @@ typedef struct {
 	rs_meg_state *st;
 	rs_diag *d;
 	const char *iter_path;  /* the iteration directory, for messages */
-	rank_dir *ranks;        /* [p * T + t] */
-	bool suffix;            /* names carry the _PPP suffix */
+	rank_dir *ranks;        /* [(p * E + e) * T + t] */
+	bool pp_field, ep_field; /* names carry _PPP, _EEE */
 } finder;
 
 /* digits up to 6 of them: a rank number. */
@@ -78,66 +80,110 @@ static bool is_rank_dir(const rs_entry *e, long parent)
 	       strncmp(e->name, "mp_rank_", 8) == 0;
 }
 
-/* Rank directories: their (tp, pp) ranks, all of a full grid. */
+/* The numbers of a rank directory's name: 1 to 3 of them (Megatron-LM's
+ * get_checkpoint_name: mp_rank_TT, then _PPP with pipeline parallelism,
+ * then _EEE with expert parallelism); 0 when it is not such a name. */
+static int name_numbers(const char *name, uint32_t n[3])
+{
+	const char *s = parse_rank(name + 8, &n[0]);
+	int k = 1;
+
+	while (s && *s == '_' && k < 3)
+		s = parse_rank(s + 1, &n[k++]);
+	return s && !*s ? k : 0;
+}
+
+static void rank_name(const finder *f, uint32_t t, uint32_t p, uint32_t e,
+		      char *out, size_t size)
+{
+	int n = snprintf(out, size, "mp_rank_%02u", t);
+
+	if (f->pp_field && n > 0 && (size_t)n < size)
+		n += snprintf(out + n, size - (size_t)n, "_%03u", p);
+	if (f->ep_field && n > 0 && (size_t)n < size)
+		snprintf(out + n, size - (size_t)n, "_%03u", e);
+}
+
+static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
+		     rs_pickle **pk);
+
+/* mp_rank_TT_NNN names a pipeline or an expert rank: the args of
+ * mp_rank_00_000 say which (expert_model_parallel_size > 1: EP, as
+ * Megatron-LM's find_checkpoint_rank_0 tries both). */
+static int two_numbers_mean_ep(finder *f, long dir, const long *file_of,
+			       bool *ep)
+{
+	rs_checkpoint *ck = f->ck;
+	char path[4400];
+	rs_pickle *pk = NULL;
+	rs_zip z = { 0 };
+	const rs_pvalue *v;
+	int64_t i = 1;
+	int err;
+
+	if (dir < 0 || file_of[dir] < 0) {
+		rs_diag_add(f->d, "%s/mp_rank_00_000/%s: missing", f->iter_path,
+			    RANK_FILE);
+		return -EINVAL;
+	}
+	snprintf(path, sizeof(path), "%s/%s", ck->root_path,
+		 rs_sources_path(ck->sources, ck->entries[file_of[dir]].source));
+	err = open_rank(f, ck->entries[file_of[dir]].source, path, &z, &pk);
+	if (!err) {
+		v = rs_pv_get(rs_pv_state(rs_pv_get(rs_pickle_root(pk), "args")),
+			      "expert_model_parallel_size");
+		if (v && rs_pv_kind(v) != RS_PV_NONE && rs_pv_int(v, &i)) {
+			rs_diag_add(f->d, "%s: args.expert_model_parallel_size is not an integer",
+				    path);
+			err = -EINVAL;
+		}
+		*ep = i > 1;
+	}
+	rs_pickle_free(pk);
+	rs_zip_free(&z);
+	return err;
+}
+
+/* Rank directories: their (tp, pp, ep) ranks, all of a full grid. */
 static int find_ranks(finder *f)
 {
 	rs_checkpoint *ck = f->ck;
-	uint32_t T = 0, P = 0;
-	int suffixed = -1, err = 0;
-	long *file_of;
+	uint32_t max[3] = { 0, 0, 0 }, T, P, E;
+	int fields = 0, err = 0;
+	long *file_of, first = -1;
 
 	for (size_t i = 0; i < ck->nentries; i++) {
 		const rs_entry *e = &ck->entries[i];
-		uint32_t t, p = 0;
-		const char *s;
+		uint32_t n[3] = { 0, 0, 0 };
+		int k;
 
 		if (!is_rank_dir(e, -1))
 			continue;
-		s = parse_rank(e->name + 8, &t);
-		if (s && *s == '_')
-			s = parse_rank(s + 1, &p);
-		else if (s && !*s)
-			p = UINT32_MAX;   /* no suffix */
-		if (s && *s == '_') {
-			rs_diag_add(f->d, "%s/%s: expert-parallel rank directories are not supported",
+		k = name_numbers(e->name, n);
+		if (!k) {
+			rs_diag_add(f->d, "%s/%s: not a rank directory name (mp_rank_TT[_PPP][_EEE])",
 				    f->iter_path, e->name);
 			return -EINVAL;
 		}
-		if (!s || *s) {
-			rs_diag_add(f->d, "%s/%s: not a rank directory name (mp_rank_TT or mp_rank_TT_PPP)",
+		if (fields && fields != k) {
+			rs_diag_add(f->d, "%s: rank directory names carry different numbers of ranks (%s)",
 				    f->iter_path, e->name);
 			return -EINVAL;
 		}
-		if (suffixed >= 0 && suffixed != (p != UINT32_MAX)) {
-			rs_diag_add(f->d, "%s: some rank directories have a pipeline suffix, some not",
-				    f->iter_path);
-			return -EINVAL;
-		}
-		suffixed = p != UINT32_MAX;
-		if (p == UINT32_MAX)
-			p = 0;
-		T = t + 1 > T ? t + 1 : T;
-		P = p + 1 > P ? p + 1 : P;
+		fields = k;
+		for (int j = 0; j < k; j++)
+			max[j] = n[j] + 1 > max[j] ? n[j] + 1 : max[j];
+		if (!n[0] && !n[1] && !n[2])
+			first = (long)i;
 	}
-	if (!T) {
+	if (!fields) {
 		rs_diag_add(f->d, "%s: holds no mp_rank_* directories (a distributed checkpoint's iteration directory is mounted itself)",
 			    f->iter_path);
 		return -EINVAL;
 	}
-	if ((uint64_t)T * P > RS_MEGATRON_MAX_RANKS) {
-		rs_diag_add(f->d, "%s: rank directories name %u x %u ranks, more than %u",
-			    f->iter_path, T, P, RS_MEGATRON_MAX_RANKS);
-		return -EINVAL;
-	}
-	f->suffix = suffixed == 1;
-	f->st->tp = T;
-	f->st->pp = P;
-	f->ranks = calloc((size_t)T * P, sizeof(rank_dir));
 	file_of = malloc((ck->nentries + 1) * sizeof(*file_of));
-	if (!f->ranks || !file_of) {
-		free(file_of);
+	if (!file_of)
 		return -ENOMEM;
-	}
 	/* Each rank directory's model_optim_rng.pt, in one pass. */
 	for (size_t i = 0; i < ck->nentries; i++)
 		file_of[i] = -1;
@@ -145,52 +191,78 @@ static int find_ranks(finder *f)
 		if (ck->entries[i].parent >= 0 && !ck->entries[i].is_dir &&
 		    strcmp(ck->entries[i].name, RANK_FILE) == 0)
 			file_of[ck->entries[i].parent] = (long)i;
+	f->pp_field = fields == 3;
+	f->ep_field = fields == 3;
+	if (fields == 2) {
+		bool ep = false;
+
+		err = two_numbers_mean_ep(f, first, file_of, &ep);
+		if (err)
+			goto out;
+		f->ep_field = ep;
+		f->pp_field = !ep;
+	}
+	T = max[0];
+	P = f->pp_field ? max[1] : 1;
+	E = f->ep_field ? max[fields - 1] : 1;
+	if ((uint64_t)T * P * E > RS_MEGATRON_MAX_RANKS) {
+		rs_diag_add(f->d, "%s: rank directories name %u x %u x %u ranks, more than %u",
+			    f->iter_path, T, P, E, RS_MEGATRON_MAX_RANKS);
+		err = -EINVAL;
+		goto out;
+	}
+	f->st->tp = T;
+	f->st->pp = P;
+	f->st->ep = E;
+	f->ranks = calloc((size_t)T * P * E, sizeof(rank_dir));
+	if (!f->ranks) {
+		err = -ENOMEM;
+		goto out;
+	}
 	for (size_t i = 0; i < ck->nentries; i++) {
 		const rs_entry *e = &ck->entries[i];
-		uint32_t t, p = 0;
-		const char *s;
+		uint32_t n[3] = { 0, 0, 0 }, p, x;
 		rank_dir *rd;
 
 		if (!is_rank_dir(e, -1))
 			continue;
-		s = parse_rank(e->name + 8, &t);
-		if (*s == '_')
-			parse_rank(s + 1, &p);
-		rd = &f->ranks[(size_t)p * T + t];
+		name_numbers(e->name, n);
+		p = f->pp_field ? n[1] : 0;
+		x = f->ep_field ? n[fields - 1] : 0;
+		rd = &f->ranks[((size_t)p * E + x) * T + n[0]];
 		if (rd->dir) {
 			rs_diag_add(f->d, "%s: %s and %s are the same rank", f->iter_path,
 				    ck->entries[rd->dir - 1].name, e->name);
-			free(file_of);
-			return -EINVAL;
+			err = -EINVAL;
+			goto out;
 		}
 		rd->dir = (long)i + 1;
 	}
 	for (uint32_t p = 0; p < P; p++)
-		for (uint32_t t = 0; t < T; t++) {
-			rank_dir *rd = &f->ranks[(size_t)p * T + t];
-			char name[40];
-			long file;
+		for (uint32_t x = 0; x < E; x++)
+			for (uint32_t t = 0; t < T; t++) {
+				rank_dir *rd = &f->ranks[((size_t)p * E + x) * T + t];
+				char name[48];
+				long file;
 
-			if (f->suffix)
-				snprintf(name, sizeof(name), "mp_rank_%02u_%03u", t, p);
-			else
-				snprintf(name, sizeof(name), "mp_rank_%02u", t);
-			if (!rd->dir) {
-				rs_diag_add(f->d, "%s/%s/%s: missing (the rank directories make tp=%u, pp=%u)",
-					    f->iter_path, name, RANK_FILE, T, P);
-				err = -EINVAL;
-				continue;
+				rank_name(f, t, p, x, name, sizeof(name));
+				if (!rd->dir) {
+					rs_diag_add(f->d, "%s/%s/%s: missing (the rank directories make tp=%u, pp=%u, ep=%u)",
+						    f->iter_path, name, RANK_FILE, T, P, E);
+					err = -EINVAL;
+					continue;
+				}
+				rd->dir--;
+				file = file_of[rd->dir];
+				if (file < 0) {
+					rs_diag_add(f->d, "%s/%s/%s: missing", f->iter_path,
+						    ck->entries[rd->dir].name, RANK_FILE);
+					err = -EINVAL;
+					continue;
+				}
+				rd->src = ck->entries[file].source;
 			}
-			rd->dir--;
-			file = file_of[rd->dir];
-			if (file < 0) {
-				rs_diag_add(f->d, "%s/%s/%s: missing", f->iter_path,
-					    ck->entries[rd->dir].name, RANK_FILE);
-				err = -EINVAL;
-				continue;
-			}
-			rd->src = ck->entries[file].source;
-		}
+out:
 	free(file_of);
 	return err;
 }
@@ -271,9 +343,11 @@ static const char *const word_embedding_names[] = {
 	NULL,
 };
 
-static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
+static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t e,
+		     uint32_t t)
 {
-	uint32_t src = f->ranks[(size_t)p * f->st->tp + t].src;
+	uint32_t src = f->ranks[((size_t)p * f->st->ep + e) * f->st->tp + t].src;
+	bool first = p == 0 && e == 0 && t == 0;
 	char path[4400];
 	rs_pickle *pk = NULL;
 	rs_zip z = { 0 };
@@ -286,7 +360,8 @@ static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 	if (err)
 		goto out;
 	top = rs_pickle_root(pk);
-	if (p == 0 && t == 0) {
+	r->ep_rank = e;
+	if (first) {
 		f->st->pk = pk;
 		f->st->top = top;
 		pk = NULL;
@@ -306,7 +381,7 @@ static int read_rank(finder *f, rs_meg_reader *r, uint32_t p, uint32_t t)
 	}
 	if (!err)
 		err = rs_meg_add_rank(r, &z, top, p, t, src, path);
-	if (!err && p == 0 && t == 0)
+	if (!err && first)
 		for (size_t i = 0; i < f->ck->catalog.count; i++)
 			for (size_t k = 0; word_embedding_names[k]; k++)
 				if (strcmp(f->ck->catalog.tensors[i].name,
@@ -369,8 +444,9 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 		err = rs_rules_new(&rules);
 	r.rules = user_rules ? user_rules : rules;
 	for (uint32_t p = 0; p < st->pp && !err; p++)
-		for (uint32_t t = 0; t < st->tp && !err; t++)
-			err = read_rank(&f, &r, p, t);
+		for (uint32_t e = 0; e < st->ep && !err; e++)
+			for (uint32_t t = 0; t < st->tp && !err; t++)
+				err = read_rank(&f, &r, p, e, t);
 	if (!err)
 		err = check_catalog(&f);
 	rs_rules_free(rules);
