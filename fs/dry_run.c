@@ -38,8 +38,11 @@ static void tensor_line(const rs_tensor *t, const rs_target *tg, FILE *out)
 	fprintf(out, "  %s  %s %s  chunks %s  %s", t->name,
 		rs_dtype_name(tg->dtype), shape, chunk, how);
 	if (tg->has_rule && tg->split != RS_SPLIT_NONE)
-		fprintf(out, " along axis %d%s", tg->axis,
+		fprintf(out, " along axis %d%s%s", tg->axis,
+			tg->by_etp ? " by etp" : "",
 			tg->multiplier > 1 ? " (gated: 2 halves per rank)" : "");
+	if (tg->expert_axis >= 0)
+		fprintf(out, ", experts along axis %d", tg->expert_axis);
 	if (tg->dtype != t->dtype)
 		fprintf(out, ", from %s", rs_dtype_name(t->dtype));
 	fprintf(out, "\n");
@@ -69,6 +72,11 @@ void rs_fs_dry_run(const rs_fs *fs, bool verbose, FILE *out)
 	fprintf(out, "view: %s, tp=%u (stored at tp=%u), pp=%u, vpp=%u, dtype %s\n",
 		fs->view_format->name, l->tp, l->src_tp, l->pp, l->vpp,
 		l->dtype ? rs_dtype_name(l->dtype) : "as stored");
+	if (l->experts)
+		fprintf(out, "experts: %llu per MoE layer, ep=%u (%llu local experts per rank), etp=%u (stored at etp=%u)\n",
+			(unsigned long long)l->experts, l->ep,
+			(unsigned long long)(l->experts / l->ep), l->etp,
+			l->src_etp);
 	if (ck->facts.heads)
 		fprintf(out, "attention: %u heads, %u query groups (%s)\n",
 			ck->facts.heads, ck->facts.query_groups, ck->facts.from);

@@ -324,6 +324,8 @@ int rs_options_validate(rs_options *o)
 	bad |= parse_count("tp", o->tp_s, &o->layout.tp);
 	bad |= parse_count("pp", o->pp_s, &o->layout.pp);
 	bad |= parse_count("vpp", o->vpp_s, &o->layout.vpp);
+	bad |= parse_count("ep", o->ep_s, &o->layout.ep);
+	bad |= parse_count("etp", o->etp_s, &o->layout.etp);
 	bad |= parse_count("src_tp", o->src_tp_s, &o->layout.src_tp);
 	bad |= parse_count("vocab_divisor", o->vocab_divisor_s,
 			   &o->layout.vocab_divisor);

@@ -39,6 +39,11 @@
 	  "megatron views)")                                                  \
 	X(STR, "vpp", vpp_s, "N",                                             \
 	  "virtual pipeline chunks per stage (megatron views)")               \
+	X(STR, "ep", ep_s, "N",                                               \
+	  "target expert parallelism of a Mixture-of-Experts\n"              \
+	  "checkpoint: must divide the experts per layer")                   \
+	X(STR, "etp", etp_s, "N",                                             \
+	  "target expert tensor parallelism (default: tp)")                   \
 	X(STR, "src_tp", src_tp_s, "N",                                       \
 	  "source tensor parallelism (default: inferred from\n"               \
 	  "the stored chunk grid)")                                           \

@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,10 +44,43 @@ static uint64_t layers_from_names(const rs_catalog *c)
 	return best;
 }
 
+/* An expert weight's expert axis: its size is the layer's expert count,
+ * which every expert weight must agree on. */
+static int classify_experts(const rs_tensor *t, const rs_rule *r,
+			    int layer_axes, rs_layout *l, size_t *first,
+			    size_t i, const rs_catalog *c, rs_diag *d)
+{
+	rs_target *tg = &l->targets[i];
+	int a = layer_axes + r->expert_axis;
+
+	if (a >= t->ndim) {
+		rs_diag_add(d, "%s: rule '%s' numbers experts along axis %d but the tensor has %d axes",
+			    t->name, r->match, a, t->ndim);
+		return -EINVAL;
+	}
+	tg->expert_axis = a;
+	if (!l->experts) {
+		l->experts = t->shape[a];
+		*first = i;
+	} else if (t->shape[a] != l->experts) {
+		rs_diag_add(d, "%s: tensor %s holds %llu experts (axis %d), but %s holds %llu",
+			    t->origin ? t->origin : t->name, t->name,
+			    (unsigned long long)t->shape[a], a,
+			    c->tensors[*first].name,
+			    (unsigned long long)l->experts);
+		return -EINVAL;
+	}
+	/* One expert per chunk, whatever the source's grid. */
+	tg->chunk[a] = 1;
+	tg->changed = tg->changed || (t->regular ? t->grid[a] : t->shape[a]) != 1;
+	return 0;
+}
+
 /* First pass: rule, split axis and stored fragmentation of each tensor. */
 static int classify(const rs_catalog *c, const rs_rules *rules,
 		    rs_layout *l, uint64_t *stacked_layers, rs_diag *d)
 {
+	size_t first_expert = 0;
 	int err = 0;
 
 	for (size_t i = 0; i < c->count; i++) {
@@ -61,13 +95,20 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 		for (int k = 0; k < t->ndim && !t->regular; k++)
 			tg->chunk[k] = t->shape[k] ? t->shape[k] : 1;
 		tg->axis = -1;
+		tg->expert_axis = -1;
 		tg->multiplier = 1;
 		tg->has_rule = r != NULL;
 		if (layer_axes > 0 && layer_axes <= t->ndim && t->ndim > 0 &&
 		    t->shape[0] > *stacked_layers)
 			*stacked_layers = t->shape[0];
+		if (r && r->expert_axis >= 0 &&
+		    classify_experts(t, r, layer_axes, l, &first_expert, i, c, d)) {
+			err = -EINVAL;
+			continue;
+		}
 		if (!r || r->split == RS_SPLIT_NONE)
 			continue;
+		tg->by_etp = r->etp;
 		/* Fragments off any grid (metaseq's FSDP pieces) are split
 		 * too: retarget takes such a tensor as merged. */
 		if (layer_axes + r->axis >= t->ndim) {
@@ -92,7 +133,10 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 	return err;
 }
 
-static uint32_t infer_src_tp(const rs_catalog *c, const rs_layout *l)
+/* The source's TP (by_etp false) or expert TP (true): the smallest
+ * stored fragmentation of a split axis of such tensors; 0 when none. */
+static uint32_t infer_src_tp(const rs_catalog *c, const rs_layout *l,
+			     bool by_etp)
 {
 	uint64_t best = 0;
 
@@ -102,14 +146,15 @@ static uint32_t infer_src_tp(const rs_catalog *c, const rs_layout *l)
 
 		/* Only stored grids say anything about the source TP; a
 		 * tensor off any grid (below) is taken as merged. */
-		if (tg->axis < 0 || c->tensors[i].shape[tg->axis] == 0 ||
+		if (tg->axis < 0 || tg->by_etp != by_etp ||
+		    c->tensors[i].shape[tg->axis] == 0 ||
 		    !c->tensors[i].regular)
 			continue;
 		f = c->tensors[i].grid_count[tg->axis];
 		if (f && (best == 0 || f < best))
 			best = f;
 	}
-	return best && best <= UINT32_MAX ? (uint32_t)best : 1;
+	return best <= UINT32_MAX ? (uint32_t)best : 0;
 }
 
 static int vocab_rows(const rs_tensor *t, const rs_target *tg,
@@ -168,6 +213,8 @@ static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 		const rs_tensor *t = &c->tensors[i];
 		rs_target *tg = &l->targets[i];
 		uint64_t frag, parts;
+		uint32_t src = tg->by_etp ? l->src_etp : l->src_tp;
+		uint32_t tp = rs_layout_tp_of(l, tg);
 		int a = tg->axis;
 
 		if (a < 0)
@@ -177,36 +224,83 @@ static int retarget(const rs_catalog *c, const rs_layout_opts *o, rs_layout *l,
 		 * dp_reshardable buckets) is taken as merged: as many chunks
 		 * as its param has, or multiplier 1. */
 		frag = t->regular ? t->grid_count[a]
-				  : merged_chunks(c, t, a, l->src_tp);
+				  : merged_chunks(c, t, a, src);
 		if (t->shape[a] == 0)
 			continue;
-		if (frag % l->src_tp != 0) {
-			rs_diag_add(d, "%s: axis %d is stored in %llu chunks, not a multiple of the source tp=%u",
+		if (frag % src != 0) {
+			rs_diag_add(d, "%s: axis %d is stored in %llu chunks, not a multiple of the source %s=%u",
 				    t->name, a, (unsigned long long)frag,
-				    l->src_tp);
+				    tg->by_etp ? "etp" : "tp", src);
 			err = -EINVAL;
 			continue;
 		}
-		tg->multiplier = (uint32_t)(frag / l->src_tp);
+		tg->multiplier = (uint32_t)(frag / src);
 		if (tg->split == RS_SPLIT_VOCAB &&
-		    vocab_rows(t, tg, o, l->tp, &tg->shape[a], d)) {
+		    vocab_rows(t, tg, o, tp, &tg->shape[a], d)) {
 			err = -EINVAL;
 			continue;
 		}
-		parts = (uint64_t)tg->multiplier * l->tp;
+		parts = (uint64_t)tg->multiplier * tp;
 		if (tg->shape[a] % parts != 0) {
-			rs_diag_add(d, "%s: axis %d of size %llu cannot be split evenly into %llu chunks (tp=%u x %u)",
+			rs_diag_add(d, "%s: axis %d of size %llu cannot be split evenly into %llu chunks (%s=%u x %u)",
 				    t->name, a, (unsigned long long)tg->shape[a],
-				    (unsigned long long)parts, l->tp,
+				    (unsigned long long)parts,
+				    tg->by_etp ? "etp" : "tp", tp,
 				    tg->multiplier);
 			err = -EINVAL;
 			continue;
 		}
 		tg->chunk[a] = tg->shape[a] / parts;
-		tg->changed = tg->chunk[a] != (t->regular ? t->grid[a] : t->shape[a]) ||
+		tg->changed = tg->changed ||
+			      tg->chunk[a] != (t->regular ? t->grid[a] : t->shape[a]) ||
 			      tg->shape[a] != t->shape[a];
 	}
 	return err;
+}
+
+/* ep must divide the experts; the refusal lists the ep values that do,
+ * the first 24 of those up to 2^20 (bounded work on a hostile shape;
+ * real models have at most a few thousand experts). */
+static int check_experts(const rs_layout *l, rs_diag *d)
+{
+	char ok[512];
+	size_t at = 0;
+	int listed = 0;
+
+	if ((uint64_t)l->ep * l->etp > RS_LAYOUT_MAX_RANKS) {
+		rs_diag_add(d, "ep=%u x etp=%u: more than %u expert ranks",
+			    l->ep, l->etp, RS_LAYOUT_MAX_RANKS);
+		return -EINVAL;
+	}
+	if (l->experts && l->experts % l->ep == 0)
+		return 0;
+	if (!l->experts) {
+		if (!l->ep_given || l->ep == 1)
+			return 0;
+		rs_diag_add(d, "ep=%u: the checkpoint has no expert weights (no Mixture-of-Experts layer); leave ep out",
+			    l->ep);
+		return -EINVAL;
+	}
+	ok[0] = 0;
+	for (uint64_t e = 1; e <= l->experts && e <= (1u << 20); e++) {
+		int n;
+
+		if (l->experts % e)
+			continue;
+		if (listed == 24) {
+			snprintf(ok + at, sizeof(ok) - at, ", ...");
+			break;
+		}
+		n = snprintf(ok + at, sizeof(ok) - at, "%s%llu",
+			     listed ? ", " : "", (unsigned long long)e);
+		if (n < 0 || (size_t)n >= sizeof(ok) - at)
+			break;
+		at += (size_t)n;
+		listed++;
+	}
+	rs_diag_add(d, "ep=%u: the checkpoint's %llu experts per layer do not divide into %u expert-parallel ranks; ep can be %s",
+		    l->ep, (unsigned long long)l->experts, l->ep, ok);
+	return -EINVAL;
 }
 
 int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
@@ -222,8 +316,18 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 	out->count = c->count;
 
 	err = classify(c, rules, out, &stacked, d);
-	out->src_tp = opts->src_tp ? opts->src_tp : infer_src_tp(c, out);
+	out->src_tp = opts->src_tp ? opts->src_tp : infer_src_tp(c, out, false);
+	if (!out->src_tp)
+		out->src_tp = 1;
+	out->src_etp = infer_src_tp(c, out, true);
+	if (!out->src_etp)
+		out->src_etp = out->src_tp;
 	out->tp = opts->tp ? opts->tp : out->src_tp;
+	out->etp = opts->etp ? opts->etp : out->tp;
+	out->ep = opts->ep ? opts->ep : 1;
+	out->ep_given = opts->ep != 0;
+	if (check_experts(out, d))
+		err = -EINVAL;
 	out->layers = stacked ? stacked : layers_from_names(c);
 	out->pp = opts->pp ? opts->pp : 1;
 	out->vpp = opts->vpp ? opts->vpp : 1;

@@ -14,6 +14,13 @@
  *    Rows past the stored ones read as zeros (no fragment covers them).
  *  - PP changes no names in dist checkpoints; it is validated against the
  *    layer count.
+ *  - Experts.  A rule with an expert axis marks a Mixture-of-Experts
+ *    weight.  Its expert axis is cut one expert per chunk, as
+ *    megatron-core's expert layers (sequential or grouped) cut it in a
+ *    sharded state dict; an EP rank owns experts/ep consecutive ones, so
+ *    ep must divide the expert count (the refusal lists the ep values
+ *    that do).  Its TP axis is split as above but by etp, the expert TP,
+ *    from a source expert TP inferred the same way.
  *  - Every other axis keeps its stored chunking.
  *  - dtype.  With opts.dtype set, every floating-point tensor is shown in
  *    that type (converted on read); other tensors keep theirs.
@@ -33,12 +40,18 @@
 #include "planner/rules.h"
 
 #define RS_DEFAULT_VOCAB_DIVISOR 128
+/* The most ranks a layout may spread experts over (ep x etp), as the
+ * options bound tp: a view may write a file per rank. */
+#define RS_LAYOUT_MAX_RANKS (1u << 20)
 
 typedef struct {
 	uint32_t tp;            /* 0: the source's own */
 	uint32_t pp;            /* 0: not given */
 	uint32_t vpp;           /* virtual pipeline chunks per stage; 0: 1
 				 * (legacy per-rank views only) */
+	uint32_t ep;            /* expert-parallel ranks; 0: not given (1) */
+	uint32_t etp;           /* expert TP; 0: the view's tp, as
+				 * megatron-core defaults it */
 	uint32_t src_tp;        /* 0: infer from the stored grid */
 	uint64_t vocab_size;    /* 0: keep the stored padded size */
 	uint32_t vocab_divisor; /* 0: RS_DEFAULT_VOCAB_DIVISOR */
@@ -53,6 +66,10 @@ typedef struct {
 	bool has_rule;          /* a rule (built-in or user) matched */
 	rs_split split;
 	int axis;               /* absolute axis split by TP (-1: none) */
+	int expert_axis;        /* absolute axis numbering experts (-1:
+				 * not an expert weight) */
+	bool by_etp;            /* axis, multiplier and chunk count the
+				 * expert TP (etp) ranks, not tp's */
 	uint32_t multiplier;
 	uint64_t shape[RS_MAX_DIMS];
 	uint64_t chunk[RS_MAX_DIMS];   /* the whole shape for an irregular
@@ -71,6 +88,14 @@ typedef struct {
 	uint32_t vpp;           /* 1 unless given */
 	bool pp_given, vpp_given; /* per-rank views keep the source's
 				   * pipeline layout otherwise */
+	uint32_t ep;            /* expert-parallel ranks (1 unless given) */
+	uint32_t etp, src_etp;  /* expert TP of the view and of the source
+				 * (inferred like src_tp from the expert
+				 * weights' grids; src_tp when none) */
+	bool ep_given;
+	uint64_t experts;       /* experts per MoE layer (the expert axis'
+				 * size, alike on every expert weight); 0:
+				 * no expert weight */
 	uint64_t layers;        /* 0 when no layer count was found */
 	rs_dtype dtype;         /* opts.dtype: INVALID when as stored */
 	uint64_t shard_size;    /* opts.shard_size */
@@ -81,6 +106,14 @@ typedef struct {
 int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 		      const rs_layout_opts *opts, rs_layout *out, rs_diag *d);
 void rs_layout_free(rs_layout *l);
+
+/* The TP degree a target's split axis is cut by: etp for expert
+ * weights, tp for the rest. */
+static inline uint32_t rs_layout_tp_of(const rs_layout *l,
+				       const rs_target *tg)
+{
+	return tg->by_etp ? l->etp : l->tp;
+}
 
 /* One TP rank's shard of a target, as a per-rank view stores it: the
  * target's shape with the split axis (if any) chunk x multiplier long,

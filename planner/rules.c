@@ -18,70 +18,100 @@ struct rs_rules {
  * rule to be served correctly, but listing them keeps them out of the
  * "no rule knows this array" log. */
 static const rs_rule builtin[] = {
-	{ "*self_attention.linear_qkv.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attention.linear_qkv.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*linear_proj.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*linear_fc2.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*layer_norm_weight", RS_SPLIT_NONE, 0, -1 },
-	{ "*layer_norm_bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*layernorm.weight", RS_SPLIT_NONE, 0, -1 },
-	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1 },
-	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1 },
+	/* Mixture-of-Experts (docs/FORMATS.md, "Mixture-of-Experts"): expert
+	 * weights carry a global expert axis first and are split by expert TP
+	 * (etp), fc1 by its rows, fc2 by its columns.  With
+	 * singleton_local_shards each expert is a key of its own (no expert
+	 * axis) and a gated fc1 is two keys, W and V.  Routers are replicated;
+	 * shared experts are a dense MLP split by TP. */
+	{ "*mlp.experts.experts.linear_fc1.weight", RS_SPLIT_AXIS, 1, -1, 0, true },
+	{ "*mlp.experts.experts.linear_fc1.bias", RS_SPLIT_AXIS, 1, -1, 0, true },
+	{ "*mlp.experts.experts.linear_fc2.weight", RS_SPLIT_AXIS, 2, -1, 0, true },
+	{ "*mlp.experts.experts.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, 0, false },
+	{ "*mlp.experts.experts.*.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, true },
+	{ "*mlp.experts.experts.*.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.router.weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.router.expert_bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.shared_experts.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.shared_experts.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.shared_experts.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.shared_experts.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.shared_experts.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*mlp.shared_experts.gate_weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attention.linear_qkv.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attention.linear_qkv.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*linear_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*layer_norm_weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*layer_norm_bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*layernorm.weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1, -1, false },
 	/* Legacy Megatron-LM / NeMo per-rank names (docs/FORMATS.md, "Legacy Megatron"); a gated
 	 * dense_h_to_4h is [W; V], its multiplier 2 read from the grid. */
-	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attention.dense.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*self_attention.dense.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*.attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*.attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*.attention.dense.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*.attention.dense.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*mlp.dense_h_to_4h.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.dense_h_to_4h.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.dense_4h_to_h.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*mlp.dense_4h_to_h.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*word_embeddings_for_head.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*input_norm.*", RS_SPLIT_NONE, 0, -1 },
-	{ "*post_attention_norm.*", RS_SPLIT_NONE, 0, -1 },
-	{ "*input_layernorm.*", RS_SPLIT_NONE, 0, -1 },
-	{ "*post_attention_layernorm.*", RS_SPLIT_NONE, 0, -1 },
-	{ "*final_norm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*self_attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*.attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*.attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*.attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*.attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.dense_h_to_4h.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.dense_h_to_4h.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.dense_4h_to_h.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*mlp.dense_4h_to_h.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*word_embeddings_for_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*input_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*post_attention_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*input_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*post_attention_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*final_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
 	/* HF Llama-style names (safetensors): q/k/v/gate/up column, o/down
 	 * row, embed_tokens/lm_head vocab. */
-	{ "*self_attn.q_proj.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.q_proj.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.k_proj.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.k_proj.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.v_proj.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.v_proj.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*self_attn.o_proj.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*self_attn.o_proj.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*mlp.gate_proj.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.up_proj.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*mlp.down_proj.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*norm.weight", RS_SPLIT_NONE, 0, -1 },
+	{ "*self_attn.q_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.q_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.k_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.k_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.v_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.v_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*self_attn.o_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*self_attn.o_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.gate_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.up_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*mlp.down_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*norm.weight", RS_SPLIT_NONE, 0, -1, -1, false },
 	/* metaseq / OPT names (docs/FORMATS.md, "metaseq"): q/k/v and fc1 on dim 0,
 	 * out_proj and fc2 on dim 1. */
-	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*.fc1.weight", RS_SPLIT_AXIS, 0, -1 },
-	{ "*.fc1.bias", RS_SPLIT_AXIS, 0, -1 },
-	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1 },
-	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1 },
-	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1 },
-	{ "*output_projection.weight", RS_SPLIT_VOCAB, 0, -1 },
-	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1 },
+	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*.fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*.fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
+	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
+	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*output_projection.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
+	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -181,9 +211,12 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 	const cJSON *split = cJSON_GetObjectItemCaseSensitive(item, "split");
 	const cJSON *axis = cJSON_GetObjectItemCaseSensitive(item, "axis");
 	const cJSON *layers = cJSON_GetObjectItemCaseSensitive(item, "layer_axes");
+	const cJSON *experts = cJSON_GetObjectItemCaseSensitive(item, "expert_axis");
+	const cJSON *etp = cJSON_GetObjectItemCaseSensitive(item, "etp");
 
 	memset(rule, 0, sizeof(*rule));
 	rule->layer_axes = -1;
+	rule->expert_axis = -1;
 	if (!cJSON_IsObject(item) || !cJSON_IsString(match) ||
 	    !match->valuestring[0]) {
 		rs_diag_add(d, "%s: rule %zu: needs a non-empty string \"match\"",
@@ -237,6 +270,30 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 			return -EINVAL;
 		}
 		rule->layer_axes = (int)layers->valuedouble;
+	}
+	if (experts) {
+		if (!cJSON_IsNumber(experts) || experts->valuedouble < 0 ||
+		    experts->valuedouble >= RS_RULE_MAX_AXIS ||
+		    experts->valuedouble != (int)experts->valuedouble) {
+			rs_diag_add(d, "%s: rule %zu: \"expert_axis\" must be an integer from 0 to %d",
+				    path, index, RS_RULE_MAX_AXIS - 1);
+			return -EINVAL;
+		}
+		rule->expert_axis = (int)experts->valuedouble;
+		if (rule->split != RS_SPLIT_NONE &&
+		    rule->axis == rule->expert_axis) {
+			rs_diag_add(d, "%s: rule %zu: the split axis cannot be the expert axis",
+				    path, index);
+			return -EINVAL;
+		}
+	}
+	if (etp) {
+		if (!cJSON_IsBool(etp)) {
+			rs_diag_add(d, "%s: rule %zu: \"etp\" must be true or false",
+				    path, index);
+			return -EINVAL;
+		}
+		rule->etp = cJSON_IsTrue(etp);
 	}
 	rule->match = strdup(match->valuestring);
 	return rule->match ? 0 : -ENOMEM;

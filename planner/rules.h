@@ -11,6 +11,11 @@
  *   RS_SPLIT_AXIS    TP splits axis `axis` (counted after the layer axes);
  *   RS_SPLIT_VOCAB   like AXIS 0, and the axis is re-padded (see layout.h).
  *
+ * Experts: a rule may name the axis that numbers a Mixture-of-Experts
+ * layer's experts (`expert_axis`, after the layer axes) and say that its
+ * split is by expert tensor parallelism (`etp`), which a job sets apart
+ * from the dense TP (planner/layout.h).
+ *
  * Layer axes: Megatron stacks homogeneous layers into leading axes.  A rule
  * may say how many (`layer_axes`), else it is inferred from the base name:
  * `decoder.layers.` followed by a non-digit means one stacked layer axis.
@@ -20,7 +25,9 @@
  *   {"rules": [{"match": "<glob>",
  *               "split": "column"|"row"|"vocab"|"replicated",
  *               "axis": <int, instead of split>,
- *               "layer_axes": <int, optional>}, ...]}
+ *               "layer_axes": <int, optional>,
+ *               "expert_axis": <int, optional>,
+ *               "etp": <bool, optional>}, ...]}
  */
 #ifndef RS_RULES_H
 #define RS_RULES_H
@@ -43,6 +50,9 @@ typedef struct {
 	rs_split split;
 	int axis;         /* with RS_SPLIT_AXIS/VOCAB, after the layer axes */
 	int layer_axes;   /* -1: infer from the name */
+	int expert_axis;  /* after the layer axes, the axis numbering the
+			   * experts of a Mixture-of-Experts weight; -1: none */
+	bool etp;         /* the split is by expert TP (-o etp=), not TP */
 } rs_rule;
 
 typedef struct rs_rules rs_rules;

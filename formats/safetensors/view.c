@@ -482,5 +482,12 @@ int rs_safetensors_write(const rs_checkpoint *ck, const rs_layout *l,
 int rs_safetensors_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			      rs_vtree *t, rs_diag *d)
 {
+	/* A rank file holds every expert, cut like the dense weights: right
+	 * only when expert TP is TP and experts are not spread over ranks. */
+	if (l->experts && (l->ep > 1 || l->etp != l->tp)) {
+		rs_diag_add(d, "%s: a safetensors view holds every expert in each TP rank's file; ep=%u etp=%u (other than ep=1, etp=tp=%u) is offered by the torch_dist, zarr and megatron views",
+			    ck->dir_path, l->ep, l->etp, l->tp);
+		return -EINVAL;
+	}
 	return rs_safetensors_write(ck, l, t, NULL, 0, d);
 }

@@ -16,7 +16,12 @@
  * Owners: a TP-split chunk belongs to rank (its index along the TP axis)
  * mod tp - so a gated fc1's W_r and V_r both go to rank r, as Megatron
  * saves them.  A replicated tensor is stored once, by rank 0: Megatron
- * saves only the main replica (replica_id 0), which is TP rank 0.
+ * saves only the main replica (replica_id 0), which is TP rank 0.  An
+ * expert weight's chunk belongs to the rank that holds its expert and
+ * expert-TP piece: megatron-core numbers expert ranks with expert TP
+ * fastest, then EP, so expert x's piece j is rank (j mod etp) +
+ * etp * (x / (experts / ep)).  There are max(tp, ep * etp) files, one per
+ * rank of the target job's first data-parallel replica.
  *
  * CRCs: the CRC-32 of a chunk's data is not known without reading it, so
  * data entries carry CRC 0 (RS_ZIP_CRC_ZERO).  torch.load and DCP ignore
@@ -55,6 +60,7 @@ typedef struct {
 	item *items;
 	size_t nitems, cap_items;
 	uint32_t *files;        /* vtree node of each rank's .distcp */
+	uint32_t nfiles;
 } builder;
 
 /* torch.Size((v...)) */
@@ -148,6 +154,19 @@ static int add_item(builder *b, item it)
 	return err;
 }
 
+/* The rank file a chunk (at grid index idx) goes to (above). */
+static uint32_t owner(const rs_layout *l, const rs_target *tg,
+		      const uint64_t *idx)
+{
+	uint32_t r = tg->axis >= 0
+		? (uint32_t)(idx[tg->axis] % rs_layout_tp_of(l, tg)) : 0;
+
+	if (tg->expert_axis >= 0 && l->experts)
+		r += l->etp * (uint32_t)(idx[tg->expert_axis] /
+					 (l->experts / l->ep));
+	return r;
+}
+
 /* Every chunk of every tensor on the target grid, with its owner. */
 static int plan_items(builder *b)
 {
@@ -178,8 +197,7 @@ static int plan_items(builder *b)
 			item it = { .tensor = i, .index = n++ };
 
 			rs_grid_cell(idx, tg->chunk, tg->shape, ten->ndim, &it.box);
-			it.rank = tg->axis >= 0
-				? (uint32_t)(idx[tg->axis] % b->l->tp) : 0;
+			it.rank = owner(b->l, tg, idx);
 			err = add_item(b, it);
 			if (err)
 				return err;
@@ -330,6 +348,15 @@ static int add_own_file(const rs_checkpoint *ck, rs_vtree *t,
 	return err;
 }
 
+/* tp, or ep * etp when the experts spread over more ranks (at most
+ * RS_LAYOUT_MAX_RANKS: planner/layout.c refuses more). */
+static uint32_t rank_files(const rs_layout *l)
+{
+	uint64_t e = l->experts ? (uint64_t)l->ep * l->etp : 0;
+
+	return e > l->tp ? (uint32_t)e : l->tp;
+}
+
 int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,
 			     rs_vtree *t, rs_diag *d)
 {
@@ -342,7 +369,8 @@ int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	uint32_t file;
 	int err = -ENOMEM;
 
-	b.files = calloc(l->tp, sizeof(uint32_t));
+	b.nfiles = rank_files(l);
+	b.files = calloc(b.nfiles, sizeof(uint32_t));
 	if (!b.files)
 		goto out;
 	err = rs_checkpoint_carry(ck, t);
@@ -351,7 +379,7 @@ int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	if (!err)
 		err = rs_vtree_append_literal(t, file, meta_json,
 					      sizeof(meta_json) - 1);
-	for (uint32_t r = 0; r < l->tp && !err; r++) {
+	for (uint32_t r = 0; r < b.nfiles && !err; r++) {
 		char name[32];
 
 		snprintf(name, sizeof(name), "__%u_0.distcp", r);

@@ -118,6 +118,79 @@ static void test_resolve(void)
 	rs_diag_free(d);
 }
 
+/* An MoE layer stack saved at tp=2, etp=2: 8 experts, gated fc1. */
+static void test_experts(void)
+{
+	uint64_t fc1[] = { 2, 8, 64, 64 }, fc1c[] = { 1, 1, 16, 64 };
+	uint64_t fc2[] = { 2, 8, 64, 32 }, fc2c[] = { 1, 1, 64, 16 };
+	uint64_t qkv[] = { 2, 128, 64 }, qkvc[] = { 1, 64, 64 };
+	uint64_t rt[] = { 2, 8, 64 };
+	uint64_t odd[] = { 2, 6, 64, 32 };
+	rs_layout_opts o = { .tp = 1, .ep = 4, .etp = 1 };
+	rs_diag *d = rs_diag_new();
+	rs_catalog c;
+	rs_layout l;
+	rs_rules *r;
+
+	rs_rules_new(&r);
+	rs_catalog_init(&c);
+	add(&c, "decoder.layers.mlp.experts.experts.linear_fc1.weight", 4, fc1, fc1c);
+	add(&c, "decoder.layers.mlp.experts.experts.linear_fc2.weight", 4, fc2, fc2c);
+	add(&c, "decoder.layers.self_attention.linear_qkv.weight", 3, qkv, qkvc);
+	add(&c, "decoder.layers.mlp.router.weight", 3, rt, rt);
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == 0);
+	CHECK(l.experts == 8 && l.ep == 4 && l.etp == 1 && l.src_etp == 2 &&
+	      l.src_tp == 2 && l.tp == 1);
+	CHECK(l.targets[0].expert_axis == 1 && l.targets[0].by_etp &&
+	      l.targets[0].axis == 2 && l.targets[0].multiplier == 2 &&
+	      l.targets[0].chunk[1] == 1 && l.targets[0].chunk[2] == 32);
+	CHECK(l.targets[1].axis == 3 && l.targets[1].chunk[3] == 32);
+	CHECK(l.targets[2].expert_axis == -1 && !l.targets[2].by_etp &&
+	      l.targets[2].chunk[1] == 128);
+	CHECK(l.targets[3].has_rule && l.targets[3].axis == -1);
+	rs_layout_free(&l);
+
+	/* etp apart from tp; etp defaults to tp. */
+	o.tp = 2;
+	o.etp = 0;
+	o.ep = 0;
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == 0);
+	CHECK(l.etp == 2 && l.ep == 1 && l.targets[0].chunk[2] == 16);
+	rs_layout_free(&l);
+	o.tp = 1;
+	o.etp = 4;
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == 0);
+	CHECK(l.targets[2].chunk[1] == 128 && l.targets[0].chunk[2] == 8 &&
+	      l.targets[1].chunk[3] == 8);
+	rs_layout_free(&l);
+
+	/* ep must divide the experts: the refusal lists what does. */
+	o.etp = 0;
+	o.ep = 3;
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == -EINVAL);
+	CHECK(diag_has(d, "ep=3: the checkpoint's 8 experts", "ep can be 1, 2, 4, 8"));
+
+	/* Expert weights that disagree on the expert count are refused. */
+	add(&c, "decoder.layers.mlp.experts.experts.linear_fc2.bias", 4, odd, odd);
+	o.ep = 2;
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == -EINVAL);
+	CHECK(diag_has(d, "linear_fc2.bias holds 6 experts", "holds 8"));
+	rs_catalog_free(&c);
+
+	/* ep on a dense model is a mistake, ep=1 is not. */
+	rs_catalog_init(&c);
+	add(&c, "decoder.layers.self_attention.linear_qkv.weight", 3, qkv, qkvc);
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == -EINVAL);
+	CHECK(diag_has(d, "ep=2: the checkpoint has no expert weights", NULL));
+	o.ep = 1;
+	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == 0);
+	CHECK(l.experts == 0 && l.src_etp == l.src_tp);
+	rs_layout_free(&l);
+	rs_catalog_free(&c);
+	rs_rules_free(r);
+	rs_diag_free(d);
+}
+
 static void test_padding(void)
 {
 	CHECK(rs_padded_vocab(128256, 128, 1) == 128256);
@@ -149,6 +222,13 @@ static void test_rules(void)
 	CHECK(hit && layers == 1);
 	hit = rs_rules_match(r, "decoder.layers.self_attention.linear_qkv.layer_norm_weight", &layers);
 	CHECK(hit && hit->split == RS_SPLIT_NONE);
+	/* Built-in expert rows. */
+	hit = rs_rules_match(r, "decoder.layers.mlp.experts.experts.linear_fc2.weight", &layers);
+	CHECK(hit && hit->expert_axis == 0 && hit->etp && hit->axis == 2 && layers == 1);
+	hit = rs_rules_match(r, "decoder.layers.3.mlp.experts.experts.5.linear_fc1.weight_v", &layers);
+	CHECK(hit && hit->expert_axis == -1 && hit->etp && hit->axis == 0 && layers == 0);
+	hit = rs_rules_match(r, "decoder.layers.mlp.shared_experts.linear_fc2.weight", &layers);
+	CHECK(hit && hit->expert_axis == -1 && !hit->etp && hit->axis == 1);
 
 	fd = mkstemp(path);
 	f = fdopen(fd, "w");
@@ -163,6 +243,25 @@ static void test_rules(void)
 	CHECK(hit && hit->split == RS_SPLIT_NONE);   /* user rule overrides */
 	hit = rs_rules_match(r, "a.deep", &layers);
 	CHECK(hit && hit->axis == 2 && layers == 1);
+
+	/* A user's expert rule. */
+	f = fopen(path, "w");
+	fputs("{\"rules\": [{\"match\": \"*.w_in\", \"split\": \"column\","
+	      " \"expert_axis\": 1, \"etp\": true}]}", f);
+	fclose(f);
+	CHECK(rs_rules_load_json(r, path, d) == 0);
+	hit = rs_rules_match(r, "moe.w_in", &layers);
+	CHECK(hit && hit->expert_axis == 1 && hit->etp && hit->axis == 0);
+	f = fopen(path, "w");
+	fputs("{\"rules\": [{\"match\": \"x\", \"axis\": 1, \"expert_axis\": 1}]}", f);
+	fclose(f);
+	CHECK(rs_rules_load_json(r, path, d) == -EINVAL);
+	CHECK(diag_has(d, path, "cannot be the expert axis"));
+	f = fopen(path, "w");
+	fputs("{\"rules\": [{\"match\": \"x\", \"axis\": 1, \"etp\": 1}]}", f);
+	fclose(f);
+	CHECK(rs_rules_load_json(r, path, d) == -EINVAL);
+	CHECK(diag_has(d, path, "\"etp\" must be true or false"));
 
 	f = fopen(path, "w");
 	fputs("{\"rules\": [{\"match\": \"x\", \"split\": \"diagonal\"}]}", f);
@@ -196,5 +295,6 @@ int main(void)
 	test_padding();
 	test_rules();
 	test_resolve();
+	test_experts();
 	return CHECK_DONE();
 }
