@@ -353,6 +353,17 @@ int rs_options_validate(rs_options *o)
 			bad = -1;
 		}
 	}
+	if (o->experts_s) {
+		if (strcmp(o->experts_s, "sequential") == 0)
+			o->layout.expert_keys = RS_EXPERT_KEYS_SEQUENTIAL;
+		else if (strcmp(o->experts_s, "grouped") == 0)
+			o->layout.expert_keys = RS_EXPERT_KEYS_GROUPED;
+		else {
+			fprintf(stderr, "reshardfs: -o experts=%s: must be sequential or grouped\n",
+				o->experts_s);
+			bad = -1;
+		}
+	}
 	if (o->names && strcmp(o->names, "mcore") != 0) {
 		fprintf(stderr, "reshardfs: -o names=%s: must be mcore\n", o->names);
 		bad = -1;

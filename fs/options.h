@@ -44,6 +44,10 @@
 	  "checkpoint: must divide the experts per layer")                   \
 	X(STR, "etp", etp_s, "N",                                             \
 	  "target expert tensor parallelism (default: tp)")                   \
+	X(STR, "experts", experts_s, "FORM",                                  \
+	  "expert weight keys of a per-rank megatron view:\n"                \
+	  "sequential (SequentialMLP) or grouped\n"                          \
+	  "(TEGroupedMLP) (default: the source's)")                          \
 	X(STR, "src_tp", src_tp_s, "N",                                       \
 	  "source tensor parallelism (default: inferred from\n"               \
 	  "the stored chunk grid)")                                           \

@@ -326,6 +326,7 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 	out->etp = opts->etp ? opts->etp : out->tp;
 	out->ep = opts->ep ? opts->ep : 1;
 	out->ep_given = opts->ep != 0;
+	out->expert_keys = opts->expert_keys;
 	if (check_experts(out, d))
 		err = -EINVAL;
 	out->layers = stacked ? stacked : layers_from_names(c);

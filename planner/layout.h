@@ -44,6 +44,14 @@
  * options bound tp: a view may write a file per rank. */
 #define RS_LAYOUT_MAX_RANKS (1u << 20)
 
+/* The key form of expert weights in a per-rank megatron view (-o
+ * experts=): the source's, SequentialMLP's, or TEGroupedMLP's. */
+typedef enum {
+	RS_EXPERT_KEYS_SOURCE = 0,
+	RS_EXPERT_KEYS_SEQUENTIAL,
+	RS_EXPERT_KEYS_GROUPED,
+} rs_expert_keys;
+
 typedef struct {
 	uint32_t tp;            /* 0: the source's own */
 	uint32_t pp;            /* 0: not given */
@@ -52,6 +60,7 @@ typedef struct {
 	uint32_t ep;            /* expert-parallel ranks; 0: not given (1) */
 	uint32_t etp;           /* expert TP; 0: the view's tp, as
 				 * megatron-core defaults it */
+	rs_expert_keys expert_keys; /* per-rank megatron views */
 	uint32_t src_tp;        /* 0: infer from the stored grid */
 	uint64_t vocab_size;    /* 0: keep the stored padded size */
 	uint32_t vocab_divisor; /* 0: RS_DEFAULT_VOCAB_DIVISOR */
@@ -93,6 +102,7 @@ typedef struct {
 				 * (inferred like src_tp from the expert
 				 * weights' grids; src_tp when none) */
 	bool ep_given;
+	rs_expert_keys expert_keys; /* opts.expert_keys */
 	uint64_t experts;       /* experts per MoE layer (the expert axis'
 				 * size, alike on every expert weight); 0:
 				 * no expert weight */

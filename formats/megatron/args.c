@@ -151,6 +151,14 @@ static int read_expert_args(rs_meg_reader *r, const char *path)
 			    path, RS_MEGATRON_MAX_EXPERTS, st->ep);
 		return -EINVAL;
 	}
+	/* bounds the reader's per-expert bookkeeping (a bit per expert
+	 * and TP rank of each expert weight) as the catalog bounds
+	 * fragments */
+	if ((uint64_t)n * st->tp > RS_CATALOG_MAX_FRAGS) {
+		rs_diag_add(r->d, "%s: args.num_experts %llu x %u TP ranks: more than %u expert shards",
+			    path, (unsigned long long)n, st->tp, RS_CATALOG_MAX_FRAGS);
+		return -EINVAL;
+	}
 	if (!n && st->ep > 1) {
 		rs_diag_add(r->d, "%s: args.num_experts is not set, but there are %u EP rank directories",
 			    path, st->ep);

@@ -1,12 +1,14 @@
 /* megatron: legacy Megatron-LM / NeMo per-rank checkpoints (docs/FORMATS.md, "Legacy Megatron"),
  * as a source and as a view.
  *
- * SOURCE is an iteration directory holding `mp_rank_TT[_PPP]/`
+ * SOURCE is an iteration directory holding `mp_rank_TT[_PPP][_EEE]/`
  * directories (a checkpoint root around one is the model's business:
  * formats/checkpoint.h, "the root form").
  *
- * Reader.  Every (tp, pp) rank must have `mp_rank_TT[_PPP]/
- * model_optim_rng.pt`, the PP suffix on all of them or none.  Each is a
+ * Reader.  Every (tp, pp, ep) rank must have `mp_rank_TT[_PPP][_EEE]/
+ * model_optim_rng.pt`, the same suffixes on all of them (`_NNN` alone is
+ * the EP rank when mp_rank_00_000's args.expert_model_parallel_size > 1,
+ * else the PP rank).  Each is a
  * torch.save zip; its data.pkl is parsed by the restricted pickle reader
  * with rs_megatron_allow (torch, the argparse Namespace and the numpy,
  * Megatron enum and rerun-state classes real args and rng states hold;
@@ -18,8 +20,19 @@
  *   - args must be an argparse.Namespace; its tensor/pipeline/virtual
  *     sizes must match the directories and model keys, num_layers must
  *     divide into P*V chunks; uneven pipelines (standalone embedding
- *     stage, first/last stage layer counts, a pipeline layout) and
- *     expert parallelism (`mp_rank_TT_PPP_EEE`) are refused.
+ *     stage, first/last stage layer counts, a pipeline layout) are
+ *     refused.  args.expert_model_parallel_size must match the EP
+ *     directories, args.expert_tensor_parallel_size (None: TP) must be
+ *     TP (the file names carry no expert TP rank), args.num_experts must
+ *     divide by EP, args.moe_layer_freq must name the layers holding
+ *     experts.
+ *   - experts (megatron_int.h, rs_meg_experts): each expert weight of a
+ *     layer, in any of megatron-core's three key forms, becomes one
+ *     catalog tensor `<layer>.mlp.experts.experts.<param>` with the
+ *     global expert axis first (EP rank e's local expert i is e*L + i),
+ *     its TP axis split like a dense fc1 (gated [W_t; V_t]) or fc2.
+ *     Every local expert of every rank must be there once; other tensors
+ *     of EP ranks > 0 must be EP rank 0's in shape and dtype.
  *   - model dicts (plain dicts or state_dict OrderedDicts, nested at most
  *     RS_MEGATRON_MAX_NESTING deep) hold tensors only.  A key
  *     `layers.<n>.<rest>` is layer n of its chunk: chunk c of stage p
@@ -50,8 +63,9 @@
  * The rank directories are hidden from other views; every other file is
  * passed through.
  *
- * View (`-o format=megatron`): for every rank of (tp, pp) a file
- * `mp_rank_TT[_PPP]/model_optim_rng.pt` (PP suffix only when pp > 1), at
+ * View (`-o format=megatron`): for every rank of (tp, pp, ep) a file
+ * `mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt` (PP suffix only when pp > 1,
+ * EP suffix only when ep > 1; without -o ep= the source's ep), at
  * the top (in the iteration's directory when SOURCE is a root).  Each is a torch.save zip (records as torch writes them, CRC 0 in
  * the tensor records: torch.load ignores CRCs) whose data.pkl is {'args':
  * the source's Namespace with tensor_model_parallel_size,
@@ -75,6 +89,11 @@
  * the last, `word_embeddings_for_head` in the last chunk when weights are
  * tied and it is not also the first.  Each tensor record holds exactly the
  * rank's shard (a gated dense_h_to_4h: W_r then V_r), in the view's dtype.
+ * An expert weight is one record per local expert of the file's EP rank,
+ * keyed in SequentialMLP's or TEGroupedMLP's form (-o experts=; default
+ * the source's, which a GroupedMLP source must not keep); args'
+ * expert_model_parallel_size, expert_tensor_parallel_size and
+ * moe_grouped_gemm are rewritten.  etp must be tp.
  * Optimizer, scheduler, rng and rerun state are left out: load with
  * --no-load-optim --no-load-rng (or --finetune).  vpp > 1 needs pp > 1.
  *

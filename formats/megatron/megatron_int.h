@@ -151,4 +151,8 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z,
 		    const rs_pvalue *top, uint32_t p, uint32_t t, uint32_t src,
 		    const char *path);
 
+/* After every rank file: expert weights in exactly the layers
+ * args.moe_layer_freq makes MoE layers; EP rank directories with none. */
+int rs_meg_check_moe_layers(rs_meg_reader *r);
+
 #endif

@@ -136,7 +136,9 @@ static bool is_gated_name(const char *name)
 	static const char *const ends[] = { "mlp.dense_h_to_4h.weight",
 					    "mlp.dense_h_to_4h.bias",
 					    "mlp.linear_fc1.weight",
-					    "mlp.linear_fc1.bias" };
+					    "mlp.linear_fc1.bias",
+					    "mlp.shared_experts.linear_fc1.weight",
+					    "mlp.shared_experts.linear_fc1.bias" };
 
 	for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
 		size_t m = strlen(ends[i]);
@@ -299,6 +301,14 @@ static int match(walker *w, const char *name, const rs_torch_tensor *tt)
 	}
 	if (r->filled[i] != w->visit) {
 		rs_diag_add(r->d, "%s: holds %s twice", w->path, name);
+		return -EINVAL;
+	}
+	/* EP ranks hold different experts under the same local names: one
+	 * this reader does not know as an expert weight (the legacy model's
+	 * SwitchMLP) would pass for a copy of EP rank 0's */
+	if (w->e > 0 && strstr(name, "local_experts.")) {
+		rs_diag_add(r->d, "%s: %s: an expert weight outside megatron-core's expert modules; expert parallelism is read only for those",
+			    w->path, name);
 		return -EINVAL;
 	}
 	r->filled[i]++;
@@ -714,32 +724,6 @@ static int check_experts(walker *w)
 	return 0;
 }
 
-/* The first rank file of a stage: experts where args.moe_layer_freq
- * says, and no other layer holding any; then its own experts. */
-static int check_moe_layers(walker *w)
-{
-	rs_meg_reader *r = w->r;
-	size_t g = 2 * ((size_t)w->p * r->st->vpp + w->c);
-	uint64_t first = ((uint64_t)w->c * r->st->pp + w->p) * r->lpc;
-
-	if (!r->st->experts)
-		return 0;
-	memset(w->seen, 0, r->lpc ? r->lpc : 1);
-	for (size_t i = r->group[g]; i < r->group[g + 1]; i++)
-		if (r->st->tensors[i].expert_param >= 0)
-			w->seen[r->st->tensors[i].layer - first] = 1;
-	for (uint64_t n = 0; n < r->lpc; n++)
-		if (w->seen[n] != r->st->moe_layer[first + n]) {
-			rs_diag_add(r->d, "%s: layer %llu (model chunk %u's %llu) %s, but args.moe_layer_freq says it is %s",
-				    w->path, (unsigned long long)(first + n), w->c,
-				    (unsigned long long)n,
-				    w->seen[n] ? "holds experts" : "holds no experts",
-				    w->seen[n] ? "dense" : "an MoE layer");
-			return -EINVAL;
-		}
-	return check_experts(w);
-}
-
 /* After rank t's chunk: everything TP rank 0 had must have been found. */
 static int check_group(walker *w)
 {
@@ -753,7 +737,7 @@ static int check_group(walker *w)
 					    w->path, w->c, (unsigned long long)n);
 				return -EINVAL;
 			}
-		return check_moe_layers(w);
+		return check_experts(w);
 	}
 	for (size_t i = r->group[g]; i < r->group[g + 1]; i++)
 		if (r->filled[i] != w->visit + 1) {
@@ -809,5 +793,48 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 out:
 	free(w->seen);
 	free(w);
+	return err;
+}
+
+/* After every rank file: experts in exactly the layers args.moe_layer_freq
+ * makes MoE layers, naming the file of the first layer that differs. */
+int rs_meg_check_moe_layers(rs_meg_reader *r)
+{
+	rs_meg_state *st = r->st;
+	uint8_t *has;
+	int err = 0;
+
+	if (st->ep > 1 && st->form == RS_MEG_EXPERTS_NONE) {
+		rs_diag_add(r->d, "%s: %u expert-parallel rank directories, but no expert weights of megatron-core's expert modules (mlp.experts.*)",
+			    st->first_path, st->ep);
+		return -EINVAL;
+	}
+	if (!st->experts)
+		return 0;
+	has = calloc(st->layers, 1);
+	if (!has)
+		return -ENOMEM;
+	for (size_t i = 0; i < st->ntensors; i++)
+		if (st->tensors[i].expert_param >= 0 &&
+		    st->tensors[i].layer < st->layers)
+			has[st->tensors[i].layer] = 1;
+	for (uint64_t n = 0; n < st->layers && !err; n++) {
+		const char *file = st->first_path;
+
+		if (has[n] == st->moe_layer[n])
+			continue;
+		for (size_t i = 0; i < st->ntensors; i++)
+			if (st->tensors[i].place == RS_MEG_LAYER &&
+			    st->tensors[i].layer == n) {
+				file = r->ck->catalog.tensors[i].origin;
+				break;
+			}
+		rs_diag_add(r->d, "%s: layer %llu %s, but args.moe_layer_freq says it is %s",
+			    file, (unsigned long long)n,
+			    has[n] ? "holds experts" : "holds no experts",
+			    has[n] ? "dense" : "an MoE layer");
+		err = -EINVAL;
+	}
+	free(has);
 	return err;
 }

@@ -448,7 +448,13 @@ int rs_megatron_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 			for (uint32_t t = 0; t < st->tp && !err; t++)
 				err = read_rank(&f, &r, p, e, t);
 	if (!err)
+		err = rs_meg_check_moe_layers(&r);
+	if (!err)
 		err = check_catalog(&f);
+	for (size_t i = 0; i < st->ntensors; i++) {
+		free(st->tensors[i].have);   /* the reader's alone */
+		st->tensors[i].have = NULL;
+	}
 	rs_rules_free(rules);
 	free(r.group);
 	free(r.filled);

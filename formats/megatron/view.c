@@ -25,6 +25,9 @@ typedef struct {
 	uint32_t chunk;
 	char *keys[RS_MEGATRON_MAX_NESTING];
 	int nkeys;
+	int64_t expert;         /* global expert of an expert weight, -1 */
+	bool none;              /* a None value (TE's _extra_state), no record */
+	int ndim;
 	uint64_t shape[RS_MAX_DIMS];
 	uint64_t bytes;
 } item;
@@ -35,10 +38,11 @@ typedef struct {
 	const rs_layout *l;
 	rs_vtree *t;
 	rs_diag *d;
-	uint32_t tp, pp, vpp;
+	uint32_t tp, pp, vpp, ep;
 	uint64_t lpc;           /* layers per model chunk of the view */
+	rs_meg_experts form;    /* the view's expert key form */
 	/* the rank file being built */
-	uint32_t p, r;
+	uint32_t p, r, e;
 	item *items;
 	size_t nitems, cap_items;
 	size_t *order;          /* storage key k -> item, in pickle order */
@@ -53,11 +57,19 @@ static void free_items(builder *b)
 	b->nitems = 0;
 }
 
-static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
+/* Item `tensor` of the rank file; of an expert weight, its local expert
+ * `local` (global expert e*L + local): one expert's shard, keyed in the
+ * view's form; local RS_ITEM_EXTRA_STATE: TEGroupedMLP's None
+ * `<fc>._extra_state` beside the weights. */
+#define RS_ITEM_EXTRA_STATE (-2)
+static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk,
+		    int64_t local)
 {
 	const rs_meg_tensor *mt = &b->st->tensors[tensor];
 	const rs_tensor *ten = &b->ck->catalog.tensors[tensor];
+	const rs_target *tg = &b->l->targets[tensor];
 	uint64_t g = (uint64_t)chunk * b->pp + b->p;
+	uint64_t shape[RS_MAX_DIMS];
 	item *it;
 	int err = rs_array_reserve(&b->items, &b->cap_items, b->nitems + 1,
 				   sizeof(item));
@@ -69,10 +81,22 @@ static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 	it->tensor = tensor;
 	it->head = head;
 	it->chunk = chunk;
-	rs_target_shard_shape(&b->l->targets[tensor], it->shape);
-	if (!rs_product(it->shape, ten->ndim, &it->bytes) ||
-	    !rs_mul_u64(it->bytes, rs_dtype_size(b->l->targets[tensor].dtype),
-			&it->bytes))
+	it->expert = -1;
+	it->ndim = ten->ndim;
+	rs_target_shard_shape(tg, shape);
+	if (local == RS_ITEM_EXTRA_STATE) {
+		it->none = true;
+		it->ndim = 0;
+	} else if (local >= 0) {
+		/* the expert axis (0: the reader's tensors) is cut out */
+		it->expert = (int64_t)((uint64_t)b->e * (b->l->experts / b->ep) +
+				       (uint64_t)local);
+		it->ndim = ten->ndim - 1;
+		memmove(shape, shape + 1, sizeof(uint64_t) * (RS_MAX_DIMS - 1));
+	}
+	memcpy(it->shape, shape, sizeof(it->shape));
+	if (!rs_product(it->shape, it->ndim, &it->bytes) ||
+	    !rs_mul_u64(it->bytes, rs_dtype_size(tg->dtype), &it->bytes))
 		return -EOVERFLOW;
 	if (head) {
 		it->keys[0] = strdup("word_embeddings_for_head");
@@ -81,20 +105,57 @@ static int add_item(builder *b, size_t tensor, bool head, uint32_t chunk)
 		return it->keys[0] && it->keys[1] ? 0 : -ENOMEM;
 	}
 	for (int k = 0; k < mt->nkeys; k++) {
+		char suffix[64] = "";
+		size_t keep = strlen(mt->keys[k]);
+
+		if (local != -1 && k == mt->nkeys - 1) {
+			/* "<...>mlp.experts." + the form's key */
+			const char *param =
+				rs_meg_expert_params[mt->expert_param].param;
+
+			keep = mt->expert_at;
+			if (local == RS_ITEM_EXTRA_STATE)
+				snprintf(suffix, sizeof(suffix), "%.*s._extra_state",
+					 (int)(strchr(param, '.') - param), param);
+			else if (rs_meg_expert_suffix(b->form, mt->expert_param,
+						      (uint64_t)local, suffix,
+						      sizeof(suffix)))
+				return -EINVAL;
+		}
 		if (k == mt->layer_key) {
-			if (asprintf(&it->keys[k], "%.*s%llu.%s",
+			if (asprintf(&it->keys[k], "%.*s%llu.%.*s%s",
 				     (int)mt->layer_at, mt->keys[k],
 				     (unsigned long long)(mt->layer - g * b->lpc),
-				     mt->keys[k] + mt->layer_at) < 0)
+				     (int)(keep - mt->layer_at),
+				     mt->keys[k] + mt->layer_at, suffix) < 0)
 				it->keys[k] = NULL;
-		} else {
-			it->keys[k] = strdup(mt->keys[k]);
+		} else if (asprintf(&it->keys[k], "%.*s%s", (int)keep,
+				    mt->keys[k], suffix) < 0) {
+			it->keys[k] = NULL;
 		}
 		it->nkeys = k + 1;
 		if (!it->keys[k])
 			return -ENOMEM;
 	}
 	return 0;
+}
+
+/* A tensor's items: one per local expert of an expert weight. */
+static int add_tensor(builder *b, size_t tensor, uint32_t chunk)
+{
+	const rs_meg_tensor *mt = &b->st->tensors[tensor];
+	int err = 0;
+
+	if (mt->expert_param < 0)
+		return add_item(b, tensor, false, chunk, -1);
+	for (uint64_t l = 0; l < b->l->experts / b->ep && !err; l++)
+		err = add_item(b, tensor, false, chunk, (int64_t)l);
+	/* TE's GroupedLinear holds an _extra_state (None: no fp8 state),
+	 * which a strict load of its weights expects */
+	if (!err && b->form == RS_MEG_EXPERTS_TE &&
+	    strstr(rs_meg_expert_params[mt->expert_param].param, ".weight"))
+		err = add_item(b, tensor, false, chunk, RS_ITEM_EXTRA_STATE);
+	return err;
 }
 
 /* Layer tensors sort by (layer, catalog index): the catalog of a source
@@ -130,21 +191,21 @@ static int collect(builder *b)
 			const rs_meg_tensor *mt = &st->tensors[i];
 
 			if (mt->place == RS_MEG_FIRST && first)
-				err = add_item(b, i, false, c);
+				err = add_item(b, i, false, c, -1);
 			else if (mt->place == RS_MEG_LAYER && mt->layer / b->lpc == g)
 				layer[n++] = (by_layer){ mt->layer, i };
 		}
 		if (n > 1)
 			qsort(layer, n, sizeof(*layer), cmp_layer);
 		for (size_t k = 0; k < n && !err; k++)
-			err = add_item(b, layer[k].index, false, c);
+			err = add_tensor(b, layer[k].index, c);
 		for (size_t i = 0; i < st->ntensors && !err && last; i++)
 			if (st->tensors[i].place == RS_MEG_LAST)
-				err = add_item(b, i, false, c);
+				err = add_item(b, i, false, c, -1);
 		/* GPTModel keeps a copy of tied embeddings on the last stage
 		 * when the first is elsewhere (legacy/model/module.py). */
 		if (!err && st->tied && last && !first && st->word_emb >= 0)
-			err = add_item(b, (size_t)st->word_emb, true, c);
+			err = add_item(b, (size_t)st->word_emb, true, c, -1);
 	}
 	free(layer);
 	return err;
@@ -178,15 +239,15 @@ static int pw_level(builder *b, rs_pwriter *w, const size_t *in, size_t n,
 			rs_diag_add(b->d, "%s: model key %s is both a tensor and a dict",
 				    b->st->first_path, key);
 			err = -EINVAL;
+		} else if (leaf && b->items[group[0]].none) {
+			rs_pw_none(w);
 		} else if (leaf) {
 			const item *it = &b->items[group[0]];
 			char record[24];
 
 			snprintf(record, sizeof(record), "%zu", b->nkeys_written);
 			rs_pw_torch_tensor(w, b->l->targets[it->tensor].dtype,
-					   it->shape,
-					   b->ck->catalog.tensors[it->tensor].ndim,
-					   record);
+					   it->shape, it->ndim, record);
 			b->order[b->nkeys_written++] = group[0];
 		} else {
 			size_t *sub = malloc(m * sizeof(*sub));
@@ -239,7 +300,15 @@ static bool pw_new_arg(const builder *b, rs_pwriter *w, const char *key)
 		none = b->vpp == 1, v = b->lpc;
 	else if (strcmp(key, "padded_vocab_size") == 0 && st->word_emb >= 0)
 		v = b->l->targets[st->word_emb].shape[0];
-	else
+	else if (strcmp(key, "expert_model_parallel_size") == 0 && st->experts)
+		v = b->ep;
+	else if (strcmp(key, "expert_tensor_parallel_size") == 0 && st->experts)
+		v = b->tp;
+	else if (strcmp(key, "moe_grouped_gemm") == 0 && st->experts) {
+		/* Megatron-LM builds TEGroupedMLP for it, else SequentialMLP */
+		rs_pw_bool(w, b->form == RS_MEG_EXPERTS_TE);
+		return true;
+	} else
 		return false;
 	if (none)
 		rs_pw_none(w);
@@ -294,6 +363,15 @@ static int pw_args(builder *b, rs_pwriter *w)
 			rs_pw_cstr(w, needed[i]);
 			pw_new_arg(b, w, needed[i]);
 		}
+	for (size_t i = 0; i < 2 && b->st->experts; i++) {
+		static const char *const ex[] = { "expert_model_parallel_size",
+						  "expert_tensor_parallel_size" };
+
+		if (!rs_pv_get(state, ex[i])) {
+			rs_pw_cstr(w, ex[i]);
+			pw_new_arg(b, w, ex[i]);
+		}
+	}
 	rs_pw_dict_end(w);
 	rs_pw_build(w);
 	return 0;
@@ -376,10 +454,14 @@ static int append_record(builder *b, uint32_t file, const item *it)
 		rs_plan plan;
 
 		memcpy(box.len, tg->shape, sizeof(box.len));
+		if (it->expert >= 0) {
+			box.off[0] = (uint64_t)it->expert;
+			box.len[0] = 1;
+		}
 		if (tg->axis >= 0) {
 			box.len[tg->axis] = tg->chunk[tg->axis];
-			box.off[tg->axis] =
-				rs_target_piece_offset(tg, b->tp, b->r, j);
+			box.off[tg->axis] = rs_target_piece_offset(
+				tg, rs_layout_tp_of(b->l, tg), b->r, j);
 		}
 		err = rs_plan_box(ten, &box, box.len, &plan);
 		if (!err)
@@ -451,10 +533,36 @@ static int check_layout(builder *b)
 			    b->vpp);
 		return -EINVAL;
 	}
+	if (st->experts) {
+		/* Megatron-LM names a rank file by its TP, PP and EP ranks only
+		 * (megatron.h): the expert TP of per-rank files is the TP. */
+		if (l->etp != b->tp) {
+			rs_diag_add(b->d, "etp=%u: per-rank files are named by TP, PP and EP rank only, so their expert TP is tp (%u); give etp=%u or leave it out",
+				    l->etp, b->tp, b->tp);
+			return -EINVAL;
+		}
+		if (!l->experts || l->experts % b->ep) {
+			rs_diag_add(b->d, "ep=%u does not divide the %llu experts per layer",
+				    b->ep, (unsigned long long)l->experts);
+			return -EINVAL;
+		}
+		if (b->form == RS_MEG_EXPERTS_GROUPED) {
+			rs_diag_add(b->d, "%s: GroupedMLP's weight1/weight2 hold the experts transposed, which this view does not write; choose -o experts=sequential or experts=grouped",
+				    st->first_path);
+			return -EINVAL;
+		}
+	}
 	for (size_t i = 0; i < b->ck->catalog.count; i++) {
 		const rs_target *tg = &l->targets[i];
+		bool expert = st->tensors[i].expert_param >= 0;
 
-		if (tg->axis > 0 && tg->multiplier > 1) {
+		if (expert && tg->expert_axis != 0) {
+			rs_diag_add(b->d, "%s: an expert weight whose rule does not put the experts on axis 0",
+				    b->ck->catalog.tensors[i].name);
+			return -EINVAL;
+		}
+		/* an expert's record starts at its own axis 1 */
+		if (tg->axis > (expert ? 1 : 0) && tg->multiplier > 1) {
 			rs_diag_add(b->d, "%s: split along axis %d in %u parts per rank; a per-rank file can hold that only along axis 0",
 				    b->ck->catalog.tensors[i].name, tg->axis,
 				    tg->multiplier);
@@ -470,7 +578,7 @@ int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 {
 	builder b = { .ck = ck, .st = ck->extra, .l = l, .t = t, .d = d,
 		      .tp = l->tp, .pp = l->pp ? l->pp : 1,
-		      .vpp = l->vpp ? l->vpp : 1 };
+		      .vpp = l->vpp ? l->vpp : 1, .ep = l->ep ? l->ep : 1 };
 	int err;
 
 	if (ck->format != &rs_megatron_format || !b.st) {
@@ -484,20 +592,36 @@ int rs_megatron_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		if (!l->vpp_given)
 			b.vpp = b.st->vpp;
 	}
+	/* Without -o ep=, the source's expert parallelism; without -o
+	 * experts=, its expert key form. */
+	if (!l->ep_given)
+		b.ep = b.st->ep;
+	b.form = b.st->form;
+	if (l->expert_keys == RS_EXPERT_KEYS_SEQUENTIAL)
+		b.form = RS_MEG_EXPERTS_SEQUENTIAL;
+	else if (l->expert_keys == RS_EXPERT_KEYS_GROUPED)
+		b.form = RS_MEG_EXPERTS_TE;
 	err = check_layout(&b);
 	if (!err)
 		err = rs_checkpoint_carry(ck, t);
 	for (uint32_t p = 0; p < b.pp && !err; p++)
+		for (uint32_t e = 0; e < b.ep && !err; e++)
 		for (uint32_t r = 0; r < b.tp && !err; r++) {
-			char name[40];
+			char name[48];
 			uint32_t dir, file;
+			int n;
 
+			/* Megatron-LM's get_checkpoint_name */
+			n = snprintf(name, sizeof(name), "mp_rank_%02u", r);
 			if (b.pp > 1)
-				snprintf(name, sizeof(name), "mp_rank_%02u_%03u", r, p);
-			else
-				snprintf(name, sizeof(name), "mp_rank_%02u", r);
+				n += snprintf(name + n, sizeof(name) - (size_t)n,
+					      "_%03u", p);
+			if (b.ep > 1)
+				snprintf(name + n, sizeof(name) - (size_t)n, "_%03u",
+					 e);
 			b.p = p;
 			b.r = r;
+			b.e = e;
 			err = rs_vtree_add_dir(t, 0, name, ck->root_mtime, &dir);
 			if (!err)
 				err = rs_vtree_add_file(t, dir, "model_optim_rng.pt",
