@@ -21,7 +21,8 @@ the allgather token dispatcher, and one gated shared expert of ffn 64.
 Experts are megatron-core's SequentialMLP from the local (non-TE) spec:
 the only expert module that runs without a GPU.  After initialisation
 every expert weight gets its global expert index added, so that no two
-experts (which EP ranks initialise from the same seed) are alike.
+experts (which EP ranks initialise from the same seed) are alike, and the
+router's expert bias is drawn from the seed.
 
 One process per rank (torch.multiprocessing) joined over gloo; the world
 is pp * lcm(tp, ep * etp) ranks (at most 8).
@@ -47,11 +48,12 @@ load_checkpoint does (each rank torch.loads its own rank file and calls
 model.load_state_dict(sd['model'], strict=True); --form te/grouped keys
 are renamed back to SequentialMLP's first), torch_dist with
 dist_checkpointing.load(..., strict=StrictHandling.RAISE_ALL).  Then each
-rank writes FILE.<rank>.npz: every parameter under its global identity
+rank writes FILE.rank<rank>.npz: every parameter and buffer of its state
+dict under its global identity
 (layer numbers global, expert indices global:
 `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` is
 global expert 5) with its TP split (axis, rank, size, gated) in
-FILE.<rank>.json.
+FILE.rank<rank>.json.
 
 compare merges each dump's shards into global tensors (TP axis, gated
 fc1 as [W; V]; replicas must agree) and requires the same names, shapes
@@ -147,10 +149,15 @@ def build_model(a, seed):
         pre_process=pp_rank == 0, post_process=pp_rank == a.pp - 1,
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope")
-    # experts told apart: global expert g gets g added
+    # experts told apart: global expert g gets g added; the router's
+    # expert bias (zeros at init) drawn from the seed, so that a load that
+    # missed it shows
     ep_rank = ps.get_expert_model_parallel_rank()
     with torch.no_grad():
         for layer in model.decoder.layers:
+            router = getattr(layer.mlp, "router", None)
+            if getattr(router, "expert_bias", None) is not None:
+                router.expert_bias.copy_(torch.randn(router.expert_bias.shape))
             experts = getattr(layer.mlp, "experts", None)
             if experts is None:
                 continue
@@ -285,7 +292,10 @@ def dump(model, a, path):
     for li, layer in enumerate(model.decoder.layers):
         offset[li] = layer.layer_number - 1
     arrays, meta = {}, {}
-    for k, p in model.named_parameters():
+    # parameters and persistent buffers (the router's expert_bias)
+    for k, p in model.state_dict(keep_vars=True).items():
+        if not isinstance(p, torch.Tensor) or k.endswith("_extra_state"):
+            continue
         m = re.match(r"^decoder\.layers\.(\d+)\.(.*)$", k)
         name = k
         if m:
@@ -302,8 +312,8 @@ def dump(model, a, path):
         arrays[name] = p.detach().cpu().numpy()
         meta[name] = dict(axis=axis if size > 1 else -1, rank=r, size=size,
                           gated=name.endswith("linear_fc1.weight"))
-    np.savez(f"{path}.{rank}.npz", **arrays)
-    with open(f"{path}.{rank}.json", "w") as f:
+    np.savez(f"{path}.rank{rank}.npz", **arrays)
+    with open(f"{path}.rank{rank}.json", "w") as f:
         json.dump(meta, f)
 
 
@@ -421,7 +431,7 @@ def merge(parts):
 def load_dump(path):
     import numpy as np
     shards = {}
-    for npz in sorted(glob.glob(f"{path}.*.npz")):
+    for npz in sorted(glob.glob(glob.escape(str(path)) + ".rank*.npz")):
         meta = json.load(open(npz[:-4] + ".json"))
         arr = np.load(npz)
         for k in arr.files:
