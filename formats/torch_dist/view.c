@@ -164,6 +164,9 @@ static uint32_t owner(const rs_layout *l, const rs_target *tg,
 	if (tg->expert_axis >= 0 && l->experts)
 		r += l->etp * (uint32_t)(idx[tg->expert_axis] /
 					 (l->experts / l->ep));
+	else if (tg->expert >= 0 && l->experts)
+		r += l->etp * (uint32_t)((uint64_t)tg->expert /
+					 (l->experts / l->ep));
 	return r;
 }
 
