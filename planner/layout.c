@@ -76,9 +76,11 @@ static int classify_experts(const rs_tensor *t, const rs_rule *r,
 	return 0;
 }
 
-/* First pass: rule, split axis and stored fragmentation of each tensor. */
+/* First pass: rule, split axis and stored fragmentation of each tensor;
+ * *named: one past the highest expert a per-expert key names. */
 static int classify(const rs_catalog *c, const rs_rules *rules,
-		    rs_layout *l, uint64_t *stacked_layers, rs_diag *d)
+		    rs_layout *l, uint64_t *stacked_layers, uint64_t *named,
+		    rs_diag *d)
 {
 	size_t first_expert = 0;
 	int err = 0;
@@ -96,6 +98,9 @@ static int classify(const rs_catalog *c, const rs_rules *rules,
 			tg->chunk[k] = t->shape[k] ? t->shape[k] : 1;
 		tg->axis = -1;
 		tg->expert_axis = -1;
+		tg->expert = r ? rs_rule_expert_of_name(r, t->name) : -1;
+		if (tg->expert >= 0 && (uint64_t)tg->expert >= *named)
+			*named = (uint64_t)tg->expert + 1;
 		tg->multiplier = 1;
 		tg->has_rule = r != NULL;
 		if (layer_axes > 0 && layer_axes <= t->ndim && t->ndim > 0 &&
@@ -306,7 +311,7 @@ static int check_experts(const rs_layout *l, rs_diag *d)
 int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 		      const rs_layout_opts *opts, rs_layout *out, rs_diag *d)
 {
-	uint64_t stacked = 0;
+	uint64_t stacked = 0, named = 0;
 	int err;
 
 	memset(out, 0, sizeof(*out));
@@ -315,7 +320,15 @@ int rs_layout_resolve(const rs_catalog *c, const rs_rules *rules,
 		return -ENOMEM;
 	out->count = c->count;
 
-	err = classify(c, rules, out, &stacked, d);
+	err = classify(c, rules, out, &stacked, &named, d);
+	if (named && !out->experts) {
+		out->experts = named;
+	} else if (named > out->experts) {
+		rs_diag_add(d, "a per-expert key names expert %llu, but the expert weights hold %llu experts",
+			    (unsigned long long)named - 1,
+			    (unsigned long long)out->experts);
+		err = -EINVAL;
+	}
 	out->src_tp = opts->src_tp ? opts->src_tp : infer_src_tp(c, out, false);
 	if (!out->src_tp)
 		out->src_tp = 1;

@@ -77,6 +77,8 @@ typedef struct {
 	int axis;               /* absolute axis split by TP (-1: none) */
 	int expert_axis;        /* absolute axis numbering experts (-1:
 				 * not an expert weight) */
+	int64_t expert;         /* a per-expert key's global expert (its
+				 * rule's expert_key); -1: none */
 	bool by_etp;            /* axis, multiplier and chunk count the
 				 * expert TP (etp) ranks, not tp's */
 	uint32_t multiplier;
@@ -104,8 +106,9 @@ typedef struct {
 	bool ep_given;
 	rs_expert_keys expert_keys; /* opts.expert_keys */
 	uint64_t experts;       /* experts per MoE layer (the expert axis'
-				 * size, alike on every expert weight); 0:
-				 * no expert weight */
+				 * size, alike on every expert weight, or
+				 * one past the highest expert a per-expert
+				 * key names); 0: no expert weight */
 	uint64_t layers;        /* 0 when no layer count was found */
 	rs_dtype dtype;         /* opts.dtype: INVALID when as stored */
 	uint64_t shard_size;    /* opts.shard_size */

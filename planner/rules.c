@@ -17,6 +17,9 @@ struct rs_rules {
  * checkpoints"), then the other families.  Replicated tensors need no
  * rule to be served correctly, but listing them keeps them out of the
  * "no rule knows this array" log. */
+/* Per-expert keys (singleton_local_shards) name the global expert here. */
+#define SINGLETON "experts.experts."
+
 static const rs_rule builtin[] = {
 	/* Mixture-of-Experts (docs/FORMATS.md, "Mixture-of-Experts"): expert
 	 * weights carry a global expert axis first and are split by expert TP
@@ -24,94 +27,94 @@ static const rs_rule builtin[] = {
 	 * singleton_local_shards each expert is a key of its own (no expert
 	 * axis) and a gated fc1 is two keys, W and V.  Routers are replicated;
 	 * shared experts are a dense MLP split by TP. */
-	{ "*mlp.experts.experts.linear_fc1.weight", RS_SPLIT_AXIS, 1, -1, 0, true },
-	{ "*mlp.experts.experts.linear_fc1.bias", RS_SPLIT_AXIS, 1, -1, 0, true },
-	{ "*mlp.experts.experts.linear_fc2.weight", RS_SPLIT_AXIS, 2, -1, 0, true },
-	{ "*mlp.experts.experts.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, 0, false },
-	{ "*mlp.experts.experts.*.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, true },
-	{ "*mlp.experts.experts.*.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.router.weight", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.router.expert_bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.shared_experts.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.shared_experts.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.shared_experts.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.shared_experts.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.shared_experts.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*mlp.shared_experts.gate_weight", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attention.linear_qkv.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attention.linear_qkv.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*linear_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*layer_norm_weight", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*layer_norm_bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*layernorm.weight", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*mlp.experts.experts.linear_fc1.weight", RS_SPLIT_AXIS, 1, -1, 0, true, NULL },
+	{ "*mlp.experts.experts.linear_fc1.bias", RS_SPLIT_AXIS, 1, -1, 0, true, NULL },
+	{ "*mlp.experts.experts.linear_fc2.weight", RS_SPLIT_AXIS, 2, -1, 0, true, NULL },
+	{ "*mlp.experts.experts.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, 0, false, NULL },
+	{ "*mlp.experts.experts.*.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, true, SINGLETON },
+	{ "*mlp.experts.experts.*.linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false, SINGLETON },
+	{ "*mlp.router.weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*mlp.router.expert_bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*mlp.shared_experts.gate_weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.weight_w", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.weight_v", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.bias_w", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.bias_v", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_qkv.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_qkv.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*linear_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*linear_fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*layer_norm_weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*layer_norm_bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*layernorm.weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*layernorm.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*final_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*position_embeddings.weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
 	/* Legacy Megatron-LM / NeMo per-rank names (docs/FORMATS.md, "Legacy Megatron"); a gated
 	 * dense_h_to_4h is [W; V], its multiplier 2 read from the grid. */
-	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*self_attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*.attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*.attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*.attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*.attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.dense_h_to_4h.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.dense_h_to_4h.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.dense_4h_to_h.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*mlp.dense_4h_to_h.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*word_embeddings_for_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*input_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*post_attention_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*input_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*post_attention_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*final_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*self_attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*self_attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*.attention.query_key_value.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*.attention.query_key_value.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*.attention.dense.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*.attention.dense.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*mlp.dense_h_to_4h.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.dense_h_to_4h.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.dense_4h_to_h.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*mlp.dense_4h_to_h.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*word_embeddings_for_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*input_norm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*post_attention_norm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*input_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*post_attention_layernorm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*final_norm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
 	/* HF Llama-style names (safetensors): q/k/v/gate/up column, o/down
 	 * row, embed_tokens/lm_head vocab. */
-	{ "*self_attn.q_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.q_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.k_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.k_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.v_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.v_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*self_attn.o_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*self_attn.o_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*mlp.gate_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.up_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*mlp.down_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*norm.weight", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*self_attn.q_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.q_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.k_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.k_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.v_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.v_proj.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attn.o_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*self_attn.o_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*mlp.gate_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.up_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*mlp.down_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*embed_tokens.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*lm_head.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*norm.weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
 	/* metaseq / OPT names (docs/FORMATS.md, "metaseq"): q/k/v and fc1 on dim 0,
 	 * out_proj and fc2 on dim 1. */
-	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*.fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*.fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false },
-	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false },
-	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1, -1, false },
-	{ "*output_projection.weight", RS_SPLIT_VOCAB, 0, -1, -1, false },
-	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1, -1, false },
+	{ "*self_attn.out_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*self_attn.out_proj.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*.fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*.fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*.fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	{ "*.fc2.bias", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*embed_positions.weight", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
+	{ "*output_projection.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
+	{ "*layer_norm.*", RS_SPLIT_NONE, 0, -1, -1, false, NULL },
 };
 #define N_BUILTIN (sizeof(builtin) / sizeof(builtin[0]))
 
@@ -125,8 +128,10 @@ void rs_rules_free(rs_rules *r)
 {
 	if (!r)
 		return;
-	for (size_t i = 0; i < r->nuser; i++)
+	for (size_t i = 0; i < r->nuser; i++) {
 		free(r->user[i].match);
+		free(r->user[i].expert_key);
+	}
 	free(r->user);
 	free(r);
 }
@@ -187,6 +192,22 @@ int rs_rules_layer_axes(const char *key)
 	return infer_layer_axes(rs_rules_base_name(key));
 }
 
+int64_t rs_rule_expert_of_name(const rs_rule *r, const char *key)
+{
+	const char *base = rs_rules_base_name(key), *at;
+	uint64_t v = 0;
+	int digits = 0;
+
+	if (!r->expert_key || !(at = strstr(base, r->expert_key)))
+		return -1;
+	for (at += strlen(r->expert_key); *at >= '0' && *at <= '9'; at++) {
+		if (++digits > 9)
+			return -1;
+		v = v * 10 + (uint64_t)(*at - '0');
+	}
+	return digits && *at == '.' ? (int64_t)v : -1;
+}
+
 const rs_rule *rs_rules_match(const rs_rules *r, const char *key,
 			      int *layer_axes)
 {
@@ -213,6 +234,7 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 	const cJSON *layers = cJSON_GetObjectItemCaseSensitive(item, "layer_axes");
 	const cJSON *experts = cJSON_GetObjectItemCaseSensitive(item, "expert_axis");
 	const cJSON *etp = cJSON_GetObjectItemCaseSensitive(item, "etp");
+	const cJSON *key = cJSON_GetObjectItemCaseSensitive(item, "expert_key");
 
 	memset(rule, 0, sizeof(*rule));
 	rule->layer_axes = -1;
@@ -295,7 +317,19 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 		}
 		rule->etp = cJSON_IsTrue(etp);
 	}
+	if (key && (!cJSON_IsString(key) || !key->valuestring[0] ||
+		    strlen(key->valuestring) > RS_RULE_KEY_MAX ||
+		    rule->expert_axis >= 0)) {
+		rs_diag_add(d, "%s: rule %zu: \"expert_key\" must be a non-empty string of at most %d bytes, in a rule without \"expert_axis\"",
+			    path, index, RS_RULE_KEY_MAX);
+		return -EINVAL;
+	}
 	rule->match = strdup(match->valuestring);
+	if (rule->match && key &&
+	    !(rule->expert_key = strdup(key->valuestring))) {
+		free(rule->match);
+		rule->match = NULL;
+	}
 	return rule->match ? 0 : -ENOMEM;
 }
 
@@ -364,8 +398,10 @@ int rs_rules_load_json(rs_rules *r, const char *path, rs_diag *d)
 	}
 	err = 0;
 out_rules:
-	for (size_t k = 0; k < i; k++)
+	for (size_t k = 0; k < i; k++) {
 		free(rules[k].match);
+		free(rules[k].expert_key);
+	}
 	free(rules);
 out_json:
 	cJSON_Delete(root);

@@ -12,9 +12,10 @@
  *   RS_SPLIT_VOCAB   like AXIS 0, and the axis is re-padded (see layout.h).
  *
  * Experts: a rule may name the axis that numbers a Mixture-of-Experts
- * layer's experts (`expert_axis`, after the layer axes) and say that its
- * split is by expert tensor parallelism (`etp`), which a job sets apart
- * from the dense TP (planner/layout.h).
+ * layer's experts (`expert_axis`, after the layer axes), or, for keys of
+ * one expert each, the text its number follows in the name
+ * (`expert_key`), and say that its split is by expert tensor parallelism
+ * (`etp`), which a job sets apart from the dense TP (planner/layout.h).
  *
  * Layer axes: Megatron stacks homogeneous layers into leading axes.  A rule
  * may say how many (`layer_axes`), else it is inferred from the base name:
@@ -27,17 +28,21 @@
  *               "axis": <int, instead of split>,
  *               "layer_axes": <int, optional>,
  *               "expert_axis": <int, optional>,
- *               "etp": <bool, optional>}, ...]}
+ *               "etp": <bool, optional>,
+ *               "expert_key": <string, optional>}, ...]}
  */
 #ifndef RS_RULES_H
 #define RS_RULES_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "planner/diag.h"
 
 /* Axes a rule may name; tensors have at most RS_MAX_DIMS (8) axes. */
 #define RS_RULE_MAX_AXIS 8
+/* The longest expert_key a rules file may give. */
+#define RS_RULE_KEY_MAX 200
 
 typedef enum {
 	RS_SPLIT_NONE = 0,
@@ -53,6 +58,8 @@ typedef struct {
 	int expert_axis;  /* after the layer axes, the axis numbering the
 			   * experts of a Mixture-of-Experts weight; -1: none */
 	bool etp;         /* the split is by expert TP (-o etp=), not TP */
+	char *expert_key; /* per-expert keys: the global expert's number
+			   * follows this text in the name; NULL: none */
 } rs_rule;
 
 typedef struct rs_rules rs_rules;
@@ -75,6 +82,11 @@ int rs_rules_layer_axes(const char *key);
  * the number of stacked layer axes (from the rule or inferred). */
 const rs_rule *rs_rules_match(const rs_rules *r, const char *key,
 			      int *layer_axes);
+
+/* The expert a per-expert key names (the decimal number, at most 9
+ * digits, between r->expert_key and the next '.' of the key's base
+ * name), or -1 when r has no expert_key or the name holds none. */
+int64_t rs_rule_expert_of_name(const rs_rule *r, const char *key);
 
 /* Glob match with '*' only; exposed for tests. */
 bool rs_glob_match(const char *pattern, const char *s);

@@ -7,12 +7,26 @@
 
 #include "planner/array.h"
 
-/* Room for one more element in an array indexed by uint32_t. */
+/* Room for one more element in an array indexed by uint32_t.  A node's
+ * first element gets room for exactly one, later ones double: most files
+ * are one segment reading one source (every chunk file of a zarr view,
+ * 1.8 x 10^5 of them for DeepSeek-V3 with its optimizer states), and
+ * rs_array_reserve's first 8 would be 280 bytes of unused segments each. */
 static int grow(void *arr, size_t *cap, uint32_t count, size_t size)
 {
+	void **p = arr;
+	void *one;
+
 	if (count == UINT32_MAX)
 		return -E2BIG;
-	return rs_array_reserve(arr, cap, (size_t)count + 1, size);
+	if (*cap)
+		return rs_array_reserve(arr, cap, (size_t)count + 1, size);
+	one = realloc(*p, size);
+	if (!one)
+		return -ENOMEM;
+	*p = one;
+	*cap = 1;
+	return 0;
 }
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime)
@@ -35,7 +49,8 @@ void rs_vtree_free(rs_vtree *t)
 		rs_vnode *n = &t->nodes[i];
 
 		for (uint32_t s = 0; s < n->nsegs; s++)
-			if (n->segs[s].kind == RS_SEG_LITERAL)
+			if (n->segs[s].kind == RS_SEG_LITERAL &&
+			    !n->segs[s].kept)
 				free((void *)n->segs[s].u.bytes);
 		free(n->name);
 		free(n->children);
@@ -47,6 +62,9 @@ void rs_vtree_free(rs_vtree *t)
 		free(t->chunks[c]->sources);
 		free(t->chunks[c]);
 	}
+	for (size_t k = 0; k < t->nkept; k++)
+		free(t->kept[k]);
+	free(t->kept);
 	free(t->chunks);
 	free(t->nodes);
 	free(t->slots);
@@ -283,6 +301,26 @@ int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,
 	if (err)
 		free(copy);
 	return err;
+}
+
+int rs_vtree_keep(rs_vtree *t, void *buf)
+{
+	int err = rs_array_reserve(&t->kept, &t->cap_kept, t->nkept + 1,
+				   sizeof(void *));
+
+	if (err)
+		return err;
+	t->kept[t->nkept++] = buf;
+	return 0;
+}
+
+int rs_vtree_append_kept(rs_vtree *t, uint32_t file, const void *bytes,
+			 uint64_t len)
+{
+	rs_segment seg = { .kind = RS_SEG_LITERAL, .kept = true,
+			   .length = len, .u.bytes = bytes };
+
+	return append(t, file, seg);
 }
 
 int rs_vtree_append_zero(rs_vtree *t, uint32_t file, uint64_t len)

@@ -48,6 +48,9 @@ typedef struct {
 
 typedef struct {
 	rs_seg_kind kind;
+	bool kept;         /* LITERAL bytes owned by the tree (rs_vtree_keep),
+			    * maybe shared by other segments: not the
+			    * segment's to free */
 	uint64_t offset;   /* in the file */
 	uint64_t length;
 	union {
@@ -90,6 +93,10 @@ typedef struct {
 	/* The node a name given twice met (node + 1; 0: none), so that a
 	 * builder's caller can say which path two things would share. */
 	uint32_t clash;
+	/* Buffers the tree owns for literal segments that share them
+	 * (rs_vtree_keep), freed with the tree. */
+	void **kept;
+	size_t nkept, cap_kept;
 } rs_vtree;
 
 int rs_vtree_init(rs_vtree *t, struct timespec root_mtime);
@@ -116,6 +123,15 @@ void rs_vtree_path(const rs_vtree *t, uint32_t node, char *out, size_t size);
 int rs_vtree_append_literal(rs_vtree *t, uint32_t file, const void *bytes,
 			    uint64_t len);
 int rs_vtree_append_zero(rs_vtree *t, uint32_t file, uint64_t len);
+/* The tree takes ownership of `buf` (from malloc), freed with the tree;
+ * on -ENOMEM the caller still owns it. */
+int rs_vtree_keep(rs_vtree *t, void *buf);
+/* Appends `len` literal bytes at `bytes` without copying them: they must
+ * lie in a buffer the tree keeps (rs_vtree_keep), which any number of
+ * segments may share - a torch.save header repeated for every chunk of
+ * one shape is stored once. */
+int rs_vtree_append_kept(rs_vtree *t, uint32_t file, const void *bytes,
+			 uint64_t len);
 int rs_vtree_append_source(rs_vtree *t, uint32_t file, uint32_t source,
 			   uint64_t offset, uint64_t len);
 int rs_vtree_append_tensor(rs_vtree *t, uint32_t file, const rs_chunk *c,

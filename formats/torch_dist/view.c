@@ -52,6 +52,21 @@ typedef struct {
 	uint64_t offset, length;/* in __<rank>_0.distcp */
 } item;
 
+/* The torch.save zip around a chunk depends only on its dtype and
+ * extents: data.pkl holds just those, the zip's offsets count from its
+ * own start, the data's CRC is 0 and the serialization id is fixed.  So
+ * its literal bytes are laid out once per distinct (dtype, extents), kept
+ * by the tree, and shared by every chunk of that shape: a 256-expert
+ * MoE's 10^5 chunks have a few dozen shapes, and each copy is ~1.6 KB. */
+typedef struct {
+	rs_dtype dtype;
+	int ndim;
+	uint64_t len[RS_MAX_DIMS];
+	uint64_t size;          /* the whole zip */
+	rs_zip_piece *pieces;   /* LITERAL bytes in a buffer the tree keeps */
+	size_t npieces;
+} zip_shape;
+
 typedef struct {
 	const rs_checkpoint *ck;
 	const rs_layout *l;
@@ -61,6 +76,11 @@ typedef struct {
 	size_t nitems, cap_items;
 	uint32_t *files;        /* vtree node of each rank's .distcp */
 	uint32_t nfiles;
+	zip_shape *shapes;
+	size_t nshapes, cap_shapes;
+	size_t *slots;          /* shape index + 1 (0: empty), open
+				 * addressing, at most half full */
+	size_t nslots;
 } builder;
 
 /* torch.Size((v...)) */
@@ -103,36 +123,153 @@ static int tensor_pickle(rs_dtype dtype, const rs_box *box, uint8_t **out,
 	return rs_pw_finish(&w, out, len);
 }
 
-/* Appends one chunk as a torch.save zip to its rank's file. */
-static int append_chunk(builder *b, item *it)
+static uint64_t shape_hash(rs_dtype dtype, int ndim, const uint64_t *len)
 {
-	const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
-	rs_dtype dtype = b->l->targets[it->tensor].dtype;
+	uint64_t h = 1469598103934665603ull ^ (uint64_t)dtype;
+
+	h = (h ^ (uint64_t)ndim) * 1099511628211ull;
+	for (int i = 0; i < ndim; i++)
+		h = (h ^ len[i]) * 1099511628211ull;
+	return h ^ (h >> 29);
+}
+
+static bool shape_is(const zip_shape *s, rs_dtype dtype, int ndim,
+		     const uint64_t *len)
+{
+	return s->dtype == dtype && s->ndim == ndim &&
+	       memcmp(s->len, len, sizeof(uint64_t) * (size_t)ndim) == 0;
+}
+
+static void slot_insert(size_t *slots, size_t nslots, const zip_shape *s,
+			size_t index)
+{
+	size_t at = shape_hash(s->dtype, s->ndim, s->len) & (nslots - 1);
+
+	while (slots[at])
+		at = (at + 1) & (nslots - 1);
+	slots[at] = index + 1;
+}
+
+/* Room in the index for one more shape. */
+static int slots_reserve(builder *b)
+{
+	size_t n = b->nslots ? b->nslots : 64;
+	size_t *slots;
+
+	while ((b->nshapes + 1) * 2 > n)
+		n *= 2;
+	if (n == b->nslots)
+		return 0;
+	slots = calloc(n, sizeof(size_t));
+	if (!slots)
+		return -ENOMEM;
+	for (size_t k = 0; k < b->nshapes; k++)
+		slot_insert(slots, n, &b->shapes[k], k);
+	free(b->slots);
+	b->slots = slots;
+	b->nslots = n;
+	return 0;
+}
+
+static void shapes_free(builder *b)
+{
+	for (size_t k = 0; k < b->nshapes; k++)
+		free(b->shapes[k].pieces);
+	free(b->shapes);
+	free(b->slots);
+}
+
+/* The zip of a chunk of `box.len` extents in `dtype` (above): found, or
+ * laid out now and its literal bytes handed to the tree. */
+static int zip_of(builder *b, rs_dtype dtype, const rs_box *box,
+		  const zip_shape **out)
+{
 	uint64_t bytes = rs_dtype_size(dtype);
-	uint32_t file = b->files[it->rank];
+	zip_shape *s;
 	rs_zip_layout z = { 0 };
-	uint8_t *pkl = NULL;
-	size_t pkl_len;
-	rs_plan plan;
+	uint8_t *pkl = NULL, *lit = NULL;
+	size_t pkl_len, lit_len = 0, at;
 	int err;
 
-	for (int i = 0; i < ten->ndim; i++)
-		bytes *= it->box.len[i];
-	err = tensor_pickle(dtype, &it->box, &pkl, &pkl_len);
+	if (b->nslots) {
+		at = shape_hash(dtype, box->ndim, box->len) & (b->nslots - 1);
+		for (; b->slots[at]; at = (at + 1) & (b->nslots - 1)) {
+			s = &b->shapes[b->slots[at] - 1];
+			if (shape_is(s, dtype, box->ndim, box->len)) {
+				*out = s;
+				return 0;
+			}
+		}
+	}
+	err = slots_reserve(b);
+	if (!err)
+		err = rs_array_reserve(&b->shapes, &b->cap_shapes,
+				       b->nshapes + 1, sizeof(zip_shape));
+	if (err)
+		return err;
+	for (int i = 0; i < box->ndim; i++)
+		bytes *= box->len[i];
+	err = tensor_pickle(dtype, box, &pkl, &pkl_len);
 	if (err)
 		return err;
 	err = rs_zip_layout_torch_save(&z, "archive", pkl, pkl_len, &bytes, 1);
 	free(pkl);
 	if (err)
 		return err;
+	s = &b->shapes[b->nshapes];
+	memset(s, 0, sizeof(*s));
+	s->dtype = dtype;
+	s->ndim = box->ndim;
+	memcpy(s->len, box->len, sizeof(uint64_t) * (size_t)box->ndim);
+	s->size = z.size;
+	for (size_t p = 0; p < z.npieces; p++)
+		if (z.pieces[p].kind == RS_ZIP_PIECE_LITERAL)
+			lit_len += z.pieces[p].length;
+	s->pieces = calloc(z.npieces, sizeof(rs_zip_piece));
+	lit = malloc(lit_len ? lit_len : 1);
+	if (!s->pieces || !lit || rs_vtree_keep(b->t, lit)) {
+		free(s->pieces);
+		free(lit);
+		rs_zip_layout_free(&z);
+		return -ENOMEM;
+	}
+	lit_len = 0;
+	for (size_t p = 0; p < z.npieces; p++) {
+		s->pieces[p] = z.pieces[p];
+		if (z.pieces[p].kind != RS_ZIP_PIECE_LITERAL)
+			continue;
+		memcpy(lit + lit_len, z.pieces[p].bytes, z.pieces[p].length);
+		s->pieces[p].bytes = lit + lit_len;
+		lit_len += z.pieces[p].length;
+	}
+	s->npieces = z.npieces;
+	rs_zip_layout_free(&z);
+	slot_insert(b->slots, b->nslots, s, b->nshapes);
+	b->nshapes++;
+	*out = s;
+	return 0;
+}
+
+/* Appends one chunk as a torch.save zip to its rank's file. */
+static int append_chunk(builder *b, item *it)
+{
+	const rs_tensor *ten = &b->ck->catalog.tensors[it->tensor];
+	rs_dtype dtype = b->l->targets[it->tensor].dtype;
+	uint32_t file = b->files[it->rank];
+	const zip_shape *z;
+	rs_plan plan;
+	int err = zip_of(b, dtype, &it->box, &z);
+
+	if (err)
+		return err;
 	it->offset = b->t->nodes[file].size;
-	it->length = z.size;
-	for (size_t p = 0; p < z.npieces && !err; p++) {
-		const rs_zip_piece *pc = &z.pieces[p];
+	it->length = z->size;
+	for (size_t p = 0; p < z->npieces && !err; p++) {
+		const rs_zip_piece *pc = &z->pieces[p];
 
 		if (pc->kind == RS_ZIP_PIECE_LITERAL) {
-			err = rs_vtree_append_literal(b->t, file, pc->bytes,
-						      pc->length);
+			err = rs_vtree_append_kept(b->t, file, pc->bytes,
+						   pc->length);
 			continue;
 		}
 		err = rs_plan_box(ten, &it->box, it->box.len, &plan);
@@ -140,7 +277,6 @@ static int append_chunk(builder *b, item *it)
 			err = rs_vtree_append_plan(b->t, file, &plan,
 						   ten->dtype, dtype);
 	}
-	rs_zip_layout_free(&z);
 	return err;
 }
 
@@ -163,6 +299,9 @@ static uint32_t owner(const rs_layout *l, const rs_target *tg,
 
 	if (tg->expert_axis >= 0 && l->experts)
 		r += l->etp * (uint32_t)(idx[tg->expert_axis] /
+					 (l->experts / l->ep));
+	else if (tg->expert >= 0 && l->experts)
+		r += l->etp * (uint32_t)((uint64_t)tg->expert /
 					 (l->experts / l->ep));
 	return r;
 }
@@ -404,11 +543,18 @@ int rs_torch_dist_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		err = metadata_pickle(&b, &pkl, &pkl_len);
 	if (!err)
 		err = add_own_file(ck, t, ".metadata", &file, d);
-	if (!err)
-		err = rs_vtree_append_literal(t, file, pkl, pkl_len);
+	/* The pickle (84 MB for DeepSeek-V3's 1.8 x 10^5 chunks) is handed
+	 * to the tree, not copied: no second copy at the peak. */
+	if (!err && !(err = rs_vtree_keep(t, pkl))) {
+		uint8_t *kept = pkl;
+
+		pkl = NULL;
+		err = rs_vtree_append_kept(t, file, kept, pkl_len);
+	}
 out:
 	free(pkl);
 	free(b.items);
 	free(b.files);
+	shapes_free(&b);
 	return err;
 }

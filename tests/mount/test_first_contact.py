@@ -147,8 +147,8 @@ def test_second_mount_on_a_mount_point_refused(reshardfs_bin, sample, mount,
 UNKNOWN = [
     (["foo=bar"], "-o foo=bar: unknown option; reshardfs --help lists "
                   "the options"),
-    # expert parallelism is no option, and tp or pp is not what was meant
-    (["ep=4"], "-o ep=4: unknown option; reshardfs --help lists the "
+    # context parallelism is no option, and tp or pp is not what was meant
+    (["cp=4"], "-o cp=4: unknown option; reshardfs --help lists the "
                "options"),
     (["tpp=2"], "-o tpp=2: unknown option; did you mean -o tp=2?"),
     (["tp=2", "TP=2"], "-o TP=2: unknown option; did you mean -o tp=2?"),

@@ -177,7 +177,34 @@ static void test_experts(void)
 	CHECK(diag_has(d, "linear_fc2.bias holds 6 experts", "holds 8"));
 	rs_catalog_free(&c);
 
+	/* Per-expert keys (singleton_local_shards): the count from names. */
+	rs_catalog_init(&c);
+	{
+		uint64_t w[] = { 32, 64 }, wc[] = { 16, 64 };
+		char name[128];
+
+		for (int e = 0; e < 8; e++) {
+			snprintf(name, sizeof(name),
+				 "decoder.layers.1.mlp.experts.experts.%d.linear_fc1.weight_w", e);
+			add(&c, name, 2, w, wc);
+		}
+		o.ep = 4;
+		o.etp = 1;
+		CHECK(rs_layout_resolve(&c, r, &o, &l, d) == 0);
+		CHECK(l.experts == 8 && l.targets[5].expert == 5 &&
+		      l.targets[5].by_etp && l.targets[5].chunk[0] == 32 &&
+		      l.targets[5].expert_axis == -1);
+		rs_layout_free(&l);
+		/* ... which must agree with the expert weights' axis */
+		add(&c, "decoder.layers.mlp.experts.experts.linear_fc2.weight", 4,
+		    (uint64_t[]){ 2, 4, 64, 32 }, (uint64_t[]){ 1, 1, 64, 16 });
+		CHECK(rs_layout_resolve(&c, r, &o, &l, d) == -EINVAL);
+		CHECK(diag_has(d, "names expert 7, but the expert weights hold 4", NULL));
+	}
+	rs_catalog_free(&c);
+
 	/* ep on a dense model is a mistake, ep=1 is not. */
+	o.ep = 2;
 	rs_catalog_init(&c);
 	add(&c, "decoder.layers.self_attention.linear_qkv.weight", 3, qkv, qkvc);
 	CHECK(rs_layout_resolve(&c, r, &o, &l, d) == -EINVAL);
@@ -223,6 +250,11 @@ static void test_rules(void)
 	hit = rs_rules_match(r, "decoder.layers.self_attention.linear_qkv.layer_norm_weight", &layers);
 	CHECK(hit && hit->split == RS_SPLIT_NONE);
 	/* Built-in expert rows. */
+	/* The expert a per-expert key names. */
+	hit = rs_rules_match(r, "decoder.layers.3.mlp.experts.experts.12.linear_fc2.weight", &layers);
+	CHECK(hit && rs_rule_expert_of_name(hit, "optimizer.state.exp_avg.decoder.layers.3.mlp.experts.experts.12.linear_fc2.weight") == 12);
+	CHECK(rs_rule_expert_of_name(hit, "decoder.layers.3.mlp.experts.experts.1234567890.linear_fc2.weight") == -1);
+	CHECK(rs_rule_expert_of_name(hit, "decoder.layers.3.mlp.experts.experts.x.linear_fc2.weight") == -1);
 	hit = rs_rules_match(r, "decoder.layers.mlp.experts.experts.linear_fc2.weight", &layers);
 	CHECK(hit && hit->expert_axis == 0 && hit->etp && hit->axis == 2 && layers == 1);
 	hit = rs_rules_match(r, "decoder.layers.3.mlp.experts.experts.5.linear_fc1.weight_v", &layers);
@@ -252,6 +284,12 @@ static void test_rules(void)
 	CHECK(rs_rules_load_json(r, path, d) == 0);
 	hit = rs_rules_match(r, "moe.w_in", &layers);
 	CHECK(hit && hit->expert_axis == 1 && hit->etp && hit->axis == 0);
+	f = fopen(path, "w");
+	fputs("{\"rules\": [{\"match\": \"*.ex*.w\", \"axis\": 1, \"expert_key\": \".ex\"}]}", f);
+	fclose(f);
+	CHECK(rs_rules_load_json(r, path, d) == 0);
+	hit = rs_rules_match(r, "moe.ex7.w", &layers);
+	CHECK(hit && rs_rule_expert_of_name(hit, "moe.ex7.w") == 7);
 	f = fopen(path, "w");
 	fputs("{\"rules\": [{\"match\": \"x\", \"axis\": 1, \"expert_axis\": 1}]}", f);
 	fclose(f);

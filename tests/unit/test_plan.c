@@ -344,6 +344,54 @@ static void test_vtree_names(void)
 	rs_vtree_free(&t);
 }
 
+/* Literal segments sharing one kept buffer (rs_vtree_keep /
+ * rs_vtree_append_kept) beside copied ones: offsets and sizes as for
+ * copies, the bytes not copied (every segment points into the buffer), a
+ * file's first segment allocating room for one only,
+ * and rs_vtree_free frees the buffer once and each copy once (valgrind
+ * and ASan runs of the unit tests see a double free or a leak). */
+static void test_vtree_kept(void)
+{
+	struct timespec now = { 0 };
+	uint32_t f[2];
+	rs_vtree t;
+	char *buf = malloc(8);
+
+	CHECK(buf != NULL);
+	memcpy(buf, "HEADtail", 8);
+	CHECK(rs_vtree_init(&t, now) == 0);
+	CHECK(rs_vtree_add_file(&t, 0, "a", now, &f[0]) == 0);
+	CHECK(rs_vtree_add_file(&t, 0, "b", now, &f[1]) == 0);
+	CHECK(rs_vtree_keep(&t, buf) == 0);
+	/* room for exactly one segment in a file of one (most files) */
+	CHECK(rs_vtree_append_kept(&t, f[0], buf, 4) == 0);
+	CHECK(t.nodes[f[0]].nsegs == 1 && t.nodes[f[0]].cap_segs == 1);
+	t.nodes[f[0]].nsegs = 0;
+	t.nodes[f[0]].size = 0;
+	for (int k = 0; k < 3; k++) {
+		CHECK(rs_vtree_append_kept(&t, f[k & 1], buf, 4) == 0);
+		CHECK(rs_vtree_append_literal(&t, f[k & 1], "xy", 2) == 0);
+		CHECK(rs_vtree_append_kept(&t, f[k & 1], buf + 4, 4) == 0);
+	}
+	CHECK(rs_vtree_append_kept(&t, f[1], buf, 0) == 0);
+	CHECK(t.nodes[f[0]].size == 20 && t.nodes[f[0]].nsegs == 6);
+	CHECK(t.nodes[f[1]].size == 10 && t.nodes[f[1]].nsegs == 3);
+	for (uint32_t s = 0; s < t.nodes[f[0]].nsegs; s++) {
+		const rs_segment *g = &t.nodes[f[0]].segs[s];
+
+		CHECK(g->kind == RS_SEG_LITERAL && g->offset == 10 * (s / 3) +
+		      (s % 3 == 0 ? 0 : s % 3 == 1 ? 4 : 6));
+		CHECK(g->kept == (s % 3 != 1));
+		if (g->kept)
+			CHECK(g->u.bytes == (const uint8_t *)buf + (s % 3 ? 4 : 0));
+		else
+			CHECK(memcmp(g->u.bytes, "xy", 2) == 0);
+	}
+	CHECK(memcmp(t.nodes[f[1]].segs[2].u.bytes, "tail", 4) == 0);
+	CHECK(t.nkept == 1);
+	rs_vtree_free(&t);
+}
+
 /* rs_frag_list_add_flat: every flat range [a, b) of a [3, 4, 5] box at a
  * global origin, its elements each in exactly one box, each box's byte
  * offsets those of C-order flat indices (the oracle: the index computed
@@ -405,6 +453,7 @@ int main(void)
 	test_make_regular();
 	test_check_tiling();
 	test_vtree_names();
+	test_vtree_kept();
 	test_flat_range();
 
 	srand(7);
