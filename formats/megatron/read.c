@@ -247,8 +247,12 @@ static int find_ranks(finder *f)
 
 				rank_name(f, t, p, x, name, sizeof(name));
 				if (!rd->dir) {
-					rs_diag_add(f->d, "%s/%s/%s: missing (the rank directories make tp=%u, pp=%u, ep=%u)",
-						    f->iter_path, name, RANK_FILE, T, P, E);
+					char ep[24] = "";
+
+					if (f->ep_field)
+						snprintf(ep, sizeof(ep), ", ep=%u", E);
+					rs_diag_add(f->d, "%s/%s/%s: missing (the rank directories make tp=%u, pp=%u%s)",
+						    f->iter_path, name, RANK_FILE, T, P, ep);
 					err = -EINVAL;
 					continue;
 				}
