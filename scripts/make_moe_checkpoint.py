@@ -5,11 +5,11 @@ Usage:
     make_moe_checkpoint.py save OUT --tp T --ep E [--etp X] [--pp P]
                            [--experts N] [--first-dense] [--layers L]
                            [--seed S] [--form sequential|te|grouped]
-                           --format torch|torch_dist|zarr
+                           [--singleton] --format torch|torch_dist|zarr
     make_moe_checkpoint.py load CKPT --tp T --ep E [--etp X] [--pp P]
                            [--experts N] [--first-dense] [--layers L]
-                           [--form sequential|te|grouped]
-                           --format torch|torch_dist --dump FILE
+                           [--form sequential|te|grouped] [--singleton]
+                           --format torch|torch_dist|zarr --dump FILE
     make_moe_checkpoint.py compare DUMP_A DUMP_B
 
 The model: a tiny megatron-core 0.15 GPTModel (L layers, default 4;
@@ -17,7 +17,9 @@ hidden 64, 8 heads, 4 query groups, SwiGLU, RMSNorm, RoPE, vocab 1000)
 whose MLPs are MoE layers: N experts (default 8) of ffn 32, top-2 routing
 (sigmoid scores with an expert bias, so `mlp.router.expert_bias` exists),
 the allgather token dispatcher, and one gated shared expert of ffn 64.
---first-dense makes layer 0 a dense MLP (moe_layer_freq [0, 1, 1, ...]).
+--first-dense makes layer 0 a dense MLP (moe_layer_freq [0, 1, 1, ...]:
+a dist save keys every layer on its own); without it moe_layer_freq is 1
+and a dist save stacks the layers.
 Experts are megatron-core's SequentialMLP from the local (non-TE) spec:
 the only expert module that runs without a GPU.  After initialisation
 every expert weight gets its global expert index added, so that no two
@@ -40,14 +42,17 @@ renames the SequentialMLP expert keys into TEGroupedMLP's
 (`experts.weight1` [hidden, L*2F] and `weight2` [L*F, hidden], the
 per-expert matrices transposed in the layout GroupedMLP views them as);
 those modules need a GPU to build.  torch_dist and zarr save
-dist_checkpointing.save(model.sharded_state_dict()) to OUT.
+dist_checkpointing.save(model.sharded_state_dict()) to OUT; --singleton
+passes the metadata singleton_local_shards (a key per expert, gated fc1
+halves as _w/_v keys) to save and load.
 
 load builds the model at the given layout (a different seed, so nothing
 survives by chance) and loads CKPT strictly: torch format as Megatron-LM's
 load_checkpoint does (each rank torch.loads its own rank file and calls
 model.load_state_dict(sd['model'], strict=True); --form te/grouped keys
-are renamed back to SequentialMLP's first), torch_dist with
-dist_checkpointing.load(..., strict=StrictHandling.RAISE_ALL).  Then each
+are renamed back to SequentialMLP's first), torch_dist and zarr with
+dist_checkpointing.load(..., strict=StrictHandling.RAISE_ALL) (zarr with
+zarr-python's load strategy).  Then each
 rank writes FILE.rank<rank>.npz: every parameter and buffer of its state
 dict under its global identity
 (layer numbers global, expert indices global:
@@ -87,7 +92,12 @@ def world_of(a):
 
 
 def moe_pattern(a):
-    return [0 if (a.first_dense and i == 0) else 1 for i in range(a.layers)]
+    """megatron-core's moe_layer_freq: 1 (every layer MoE: the layers are
+    alike, and a dist save stacks them, (L, E, out, in)), or a list with
+    layer 0 dense (every layer keyed on its own, (E, out, in))."""
+    if not a.first_dense:
+        return 1
+    return [0 if i == 0 else 1 for i in range(a.layers)]
 
 
 def _moe_workarounds():
@@ -192,7 +202,7 @@ def megatron_lm_args(a):
         moe_router_score_function="sigmoid",
         moe_router_enable_expert_bias=True,
         moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
-        moe_layer_freq=moe_pattern(a) if a.first_dense else 1,
+        moe_layer_freq=moe_pattern(a),
         params_dtype=torch.float32, bf16=False, fp16=False,
         use_dist_ckpt=False, ckpt_format="torch", iteration=1)
 
@@ -339,6 +349,12 @@ def _done():
     dist.destroy_process_group()
 
 
+def sd_metadata(a):
+    """The sharded state dict's metadata: --singleton asks for one key per
+    expert and the gated fc1 halves as _w/_v keys."""
+    return {"singleton_local_shards": True} if a.singleton else None
+
+
 def _save_worker(rank, world, port, a):
     _init(rank, world, port, a)
     import torch
@@ -367,8 +383,8 @@ def _save_worker(rank, world, port, a):
             os.makedirs(a.path, exist_ok=True)
         dist.barrier()
         strategy = ("zarr", 1) if a.format == "zarr" else None
-        dist_checkpointing.save(model.sharded_state_dict(), a.path,
-                                sharded_strategy=strategy)
+        dist_checkpointing.save(model.sharded_state_dict(metadata=sd_metadata(a)),
+                                a.path, sharded_strategy=strategy)
     _done()
 
 
@@ -398,8 +414,15 @@ def _load_worker(rank, world, port, a):
         model.load_state_dict(state, strict=True)
     else:
         from megatron.core.dist_checkpointing.validation import StrictHandling
-        loaded = dist_checkpointing.load(model.sharded_state_dict(), a.path,
-                                         strict=StrictHandling.RAISE_ALL)
+        strategy = None
+        if a.format == "zarr":
+            # zarr-python's loader (the default one needs tensorstore)
+            from megatron.core.dist_checkpointing.strategies.zarr import (
+                ZarrLoadShardedStrategy)
+            strategy = ZarrLoadShardedStrategy()
+        loaded = dist_checkpointing.load(
+            model.sharded_state_dict(metadata=sd_metadata(a)), a.path,
+            sharded_strategy=strategy, strict=StrictHandling.RAISE_ALL)
         model.load_state_dict(loaded, strict=False)
     dump(model, a, a.dump)
     _done()
@@ -468,8 +491,8 @@ def main(argv=None):
         p.add_argument("--form", choices=["sequential", "te", "grouped"],
                        default="sequential")
         p.add_argument("--format", required=True,
-                       choices=["torch", "torch_dist", "zarr"] if cmd == "save"
-                       else ["torch", "torch_dist"])
+                       choices=["torch", "torch_dist", "zarr"])
+        p.add_argument("--singleton", action="store_true")
         if cmd == "load":
             p.add_argument("--dump", required=True)
     p = sub.add_parser("compare")
