@@ -177,6 +177,16 @@ static int build(rs_fs *fs, const rs_options *o)
 	 * backend unless -o format= says otherwise */
 	if (o->names && !o->view_format)
 		fs->view_format = rs_format_find_view("torch_dist");
+	/* Key forms exist only in per-rank files: elsewhere the option
+	 * would do nothing, which a user should hear. */
+	if (o->experts_s && strcmp(fs->view_format->name, "megatron") != 0) {
+		snprintf(summary, sizeof(summary), "-o experts=%s does not apply",
+			 o->experts_s);
+		rs_diag_add(d, "-o experts= picks the expert keys of per-rank megatron views; a %s view keys experts as megatron-core's sharded state dict does",
+			    fs->view_format->name);
+		err = -EINVAL;
+		goto out_ck;
+	}
 	err = bridge(fs, o, &lo, d, summary, sizeof(summary));
 	if (err)
 		goto out_ck;

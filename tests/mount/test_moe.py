@@ -153,6 +153,9 @@ def test_ep_that_does_not_divide_is_refused(moe, failing_mount, sample):
     assert_refused(*failing_mount(moe / "dist",
                                   ["format=safetensors", "ep=2"]),
                    "a safetensors view holds every expert")
+    assert_refused(*failing_mount(moe / "dist", ["experts=grouped"]),
+                   "-o experts= picks the expert keys of per-rank megatron "
+                   "views; a torch_dist view keys experts")
 
 
 def test_expert_hole_or_overlap_is_refused(moe, failing_mount, tmp_path):
