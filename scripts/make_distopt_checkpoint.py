@@ -145,7 +145,10 @@ def build(tp, buckets, swiglu=False, size=SIZE, pp=1, moe=None):
                     expert_model_parallel_size=moe["ep"],
                     moe_token_dispatcher_type="allgather",
                     moe_grouped_gemm=False, moe_ffn_hidden_size=size["ffn"],
-                    moe_router_load_balancing_type="none")
+                    moe_router_load_balancing_type="none",
+                    expert_tensor_parallel_size=moe["etp"],
+                    # megatron-core 0.15.3 takes MoE biases only at etp 1
+                    add_bias_linear=False)
         if moe["shared"]:
             more["moe_shared_expert_intermediate_size"] = size["ffn"]
         if moe["first_dense"]:
@@ -273,10 +276,12 @@ def worker(rank, world, port, a):
     _moe_patches()
     ps.initialize_model_parallel(tensor_model_parallel_size=a.tp,
                                  pipeline_model_parallel_size=a.pp,
-                                 expert_model_parallel_size=a.ep)
+                                 expert_model_parallel_size=a.ep,
+                                 expert_tensor_parallel_size=a.etp)
     dp_rank = ps.get_data_parallel_rank()
     size = {k: getattr(a, k) for k in SIZE}
-    moe = dict(experts=a.experts, topk=a.topk, ep=a.ep, shared=a.shared_expert,
+    moe = dict(experts=a.experts, topk=a.topk, ep=a.ep, etp=a.etp,
+               shared=a.shared_expert,
                first_dense=a.first_dense) if a.experts else None
     gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size, a.pp, moe)
     # What Megatron-LM passes to every sharded_state_dict and records in
@@ -383,6 +388,7 @@ def main(argv=None):
     ap.add_argument("--experts", type=int, default=0,
                     help="MoE: experts per layer (SequentialMLP)")
     ap.add_argument("--ep", type=int, default=1, help="MoE: expert parallel")
+    ap.add_argument("--etp", type=int, help="MoE: expert TP (default: tp)")
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--shared-expert", action="store_true")
     ap.add_argument("--first-dense", action="store_true",
