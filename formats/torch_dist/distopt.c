@@ -6,10 +6,11 @@
  * grad buffer and bucket, one 1-d tensor per optimizer state: the bucket's
  * elements up to its unpadded size, params and the alignment gaps between
  * them.  Each stage has buffers of its own, over its own params.  An MoE
- * model has two chained optimizers, their records under `chained_0.`
- * (dense params) and `chained_1.` (expert params, whose groups count the
- * expert TP ranks, then the EP ranks, then the stages: each group's
- * buffers hold its local experts of its stage's layers).  A group of TP
+ * model at ep > 1 has two chained optimizers, their records under
+ * `chained_0.` (dense params) and `chained_1.` (expert params, whose
+ * groups count the expert TP ranks, then the EP ranks, then the stages:
+ * each group's buffers hold its local experts of its stage's layers); at
+ * ep 1 its experts sit in the one optimizer's buffers with the rest.  A group of TP
  * ranks whose buffers hold the same params (a stage, or a stage's EP rank)
  * is a "unit" here.
  *
@@ -91,16 +92,21 @@ typedef struct {
 	uint64_t multiplier;    /* chunks per rank along it */
 } tp_split;
 
+/* Whose params an optimizer's buffers hold: every param (the only
+ * optimizer; at ep 1 megatron-core keeps experts with the others), or, of
+ * two chained ones, the dense or the expert params. */
+enum { ALL_PARAMS, DENSE_PARAMS, EXPERT_PARAMS };
+
 /* One optimizer's records (of two chained ones, or the only one). */
 typedef struct {
 	rs_checkpoint *ck;
 	rs_diag *d;
 	const char *meta_path;
 	char prefix[64];        /* [chained_<i>.]optimizer.distributed.dp_group_idx_ */
-	bool experts;           /* holds the expert params, not the others */
+	int kind;               /* which params its buffers hold (ALL_PARAMS...) */
 	unsigned groups, gbufs, states;
 	unsigned tp, units;     /* groups = units * tp */
-	unsigned pp, ep;        /* units = pp (dense) or pp * ep (experts) */
+	unsigned pp, ep;        /* units = pp, or pp * ep for EXPERT_PARAMS */
 	uint64_t layers, nexperts;
 	char state_names[MAX_STATES][64];
 	rs_dtype gbuf_dtype[MAX_GBUFS];
@@ -183,7 +189,8 @@ static bool is_expert(const rs_tensor *t)
 
 static bool in_instance(const distopt *o, const rs_tensor *t)
 {
-	return is_model_tensor(t) && is_expert(t) == o->experts;
+	return is_model_tensor(t) &&
+	       (o->kind == ALL_PARAMS || is_expert(t) == (o->kind == EXPERT_PARAMS));
 }
 
 /* The layer of a per-layer key (decoder.layers.<n>.), else NO_LAYER. */
@@ -403,7 +410,7 @@ static int check_units(distopt *o)
 				rs_diag_add(o->d, "%s: %s: grad buffer %u has %u buckets in group %u but %u in group %u, TP ranks of one %s",
 					    o->meta_path, o->prefix, b,
 					    *nbuckets(o, g, b), g, *nbuckets(o, g0, b),
-					    g0, o->experts ? "expert group" : "stage");
+					    g0, o->kind == EXPERT_PARAMS ? "expert group" : "stage");
 				return -EINVAL;
 			}
 			for (unsigned k = 0; k < *nbuckets(o, g, b); k++) {
@@ -415,7 +422,7 @@ static int check_units(distopt *o)
 						    o->meta_path, t->name,
 						    (unsigned long long)t->shape[0],
 						    t0->name,
-						    o->experts ? "expert group" : "stage",
+						    o->kind == EXPERT_PARAMS ? "expert group" : "stage",
 						    (unsigned long long)t0->shape[0]);
 					return -EINVAL;
 				}
@@ -434,10 +441,10 @@ static int split_of(distopt *o, const rs_tensor *t, tp_split *sp)
 	int first;
 
 	sp->layer_axes = la;
-	sp->expert_axis = o->experts ? la : -1;
+	sp->expert_axis = is_expert(t) ? la : -1;
 	sp->axis = -1;
 	sp->multiplier = 1;
-	first = la + (o->experts ? 1 : 0);
+	first = la + (is_expert(t) ? 1 : 0);
 	if (la > 1 || first > t->ndim || !t->regular) {
 		rs_diag_add(o->d, "%s: %s: %s; dp_reshardable optimizer state is read only for models whose tensors are stored on a regular grid with at most one layer axis",
 			    o->meta_path, t->name,
@@ -487,7 +494,7 @@ static int find_units(distopt *o)
 
 	for (size_t i = 0; i < c->count; i++) {
 		const rs_tensor *t = &c->tensors[i];
-		int first = rs_rules_layer_axes(t->name) + (o->experts ? 1 : 0);
+		int first = rs_rules_layer_axes(t->name) + (is_expert(t) ? 1 : 0);
 
 		if (!in_instance(o, t) || !t->regular)
 			continue;
@@ -501,7 +508,7 @@ static int find_units(distopt *o)
 		rs_diag_add(o->d, "%s: %s: %u dp_reshardable groups, not a multiple of the TP size %llu its %s params are stored at",
 			    o->meta_path, o->prefix, o->groups,
 			    (unsigned long long)tp,
-			    o->experts ? "expert" : "model");
+			    o->kind == EXPERT_PARAMS ? "expert" : "model");
 		return -EINVAL;
 	}
 	o->tp = (unsigned)tp;
@@ -576,11 +583,11 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 		if (last >= o->layers)
 			o->layers = last + 1;
 	}
-	for (size_t i = 0; o->experts && i < c->count; i++) {
+	for (size_t i = 0; i < c->count; i++) {
 		const rs_tensor *t = &c->tensors[i];
 		uint64_t e;
 
-		if (!in_instance(o, t))
+		if (!in_instance(o, t) || !is_expert(t))
 			continue;
 		e = t->shape[o->split[i].expert_axis];
 		if (o->nexperts && e != o->nexperts) {
@@ -591,7 +598,7 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 		}
 		o->nexperts = e;
 	}
-	if (!o->experts)
+	if (o->kind != EXPERT_PARAMS)
 		o->pp = o->units;
 	if (o->units % o->pp != 0) {
 		rs_diag_add(o->d, "%s: %s: %u expert groups of TP ranks, not a multiple of the %u pipeline stages of the dense params",
@@ -605,7 +612,8 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 			    (unsigned long long)o->layers);
 		return -EINVAL;
 	}
-	if (o->experts && (!o->nexperts || o->nexperts % o->ep != 0)) {
+	if (o->kind == EXPERT_PARAMS &&
+	    (!o->nexperts || o->nexperts % o->ep != 0)) {
 		rs_diag_add(o->d, "%s: %s: %u EP ranks, but the %llu experts do not split evenly over them",
 			    o->meta_path, o->prefix, o->ep,
 			    (unsigned long long)o->nexperts);
@@ -618,9 +626,37 @@ static unsigned unit_of(const distopt *o, const param_slot *p)
 {
 	unsigned stage = (unsigned)(p->at_layer / (o->layers / o->pp));
 
-	if (!o->experts)
+	if (o->kind != EXPERT_PARAMS)
 		return stage;
 	return stage * o->ep + (unsigned)(p->expert / (o->nexperts / o->ep));
+}
+
+/* Layer l's params of tensors list[0..n) (on layer axis coordinate
+ * `layer`) in key order, where the first expert tensor stands for every
+ * expert's params, expert by expert (each in key order): a MoE layer's
+ * experts are modules of their own, in expert order. */
+static int add_layer(distopt *o, const size_t *list, size_t n,
+		     uint64_t layer, uint64_t l)
+{
+	const rs_catalog *c = &o->ck->catalog;
+	bool experts_done = false;
+	int err = 0;
+
+	for (size_t i = 0; i < n && !err; i++) {
+		if (!is_expert(&c->tensors[list[i]])) {
+			err = add_slot(o, list[i], layer, l, 0, false);
+			continue;
+		}
+		if (experts_done)
+			continue;
+		experts_done = true;
+		for (uint64_t e = 0; e < o->nexperts && !err; e++)
+			for (size_t j = i; j < n && !err; j++)
+				if (is_expert(&c->tensors[list[j]]))
+					err = add_slot(o, list[j], layer, l, e,
+						       false);
+	}
+	return err;
 }
 
 /* The params in the order megatron-core's sharded state dict lists them,
@@ -675,14 +711,9 @@ static int module_order(distopt *o)
 
 		while (at < nper && key_layer(c->tensors[per[at]].name) == l)
 			at++;
-		if (!nst && at == from)
-			continue;
-		for (uint64_t e = 0; e < (o->experts ? o->nexperts : 1) && !err; e++) {
-			for (size_t n = 0; n < nst && !err; n++)
-				err = add_slot(o, stacked[n], l, l, e, false);
-			for (size_t n = from; n < at && !err; n++)
-				err = add_slot(o, per[n], 0, l, e, false);
-		}
+		err = add_layer(o, stacked, nst, l, l);
+		if (!err)
+			err = add_layer(o, per + from, at - from, 0, l);
 	}
 	for (size_t i = first; first != SIZE_MAX && i < c->count && !err; i++)
 		if (in_instance(o, &c->tensors[i]) &&
@@ -859,7 +890,7 @@ static int check_values(distopt *o)
 
 static const char *unit_word(const distopt *o)
 {
-	return o->experts ? "expert group" : "stage";
+	return o->kind == EXPERT_PARAMS ? "expert group" : "stage";
 }
 
 /* Lays grad buffer b of unit u out.  order[0..n) holds the slots it is
@@ -1387,11 +1418,6 @@ int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
 			    meta_path);
 		return -EINVAL;
 	}
-	if (plain && experts) {
-		rs_diag_add(d, "%s: an MoE model whose dp_reshardable buckets are of one optimizer; megatron-core keeps expert params in a second, chained optimizer (chained_1.), so these buckets are not read",
-			    meta_path);
-		return -EINVAL;
-	}
 	if (chained && (chained != 3u || !experts)) {
 		rs_diag_add(d, "%s: dp_reshardable state of chained optimizers (mask 0x%x of chained_<i>.) is read only as megatron-core's pair of a dense (chained_0.) and an expert (chained_1.) optimizer of an MoE model; %s",
 			    meta_path, chained,
@@ -1406,7 +1432,8 @@ int rs_torch_dist_read_distopt(rs_checkpoint *ck, const char *meta_path,
 		o[i].ck = ck;
 		o[i].d = d;
 		o[i].meta_path = meta_path;
-		o[i].experts = i == 1;
+		o[i].kind = !chained ? ALL_PARAMS
+				     : i ? EXPERT_PARAMS : DENSE_PARAMS;
 		if (chained)
 			snprintf(o[i].prefix, sizeof(o[i].prefix),
 				 CHAINED "%u." RECORDS, i);
