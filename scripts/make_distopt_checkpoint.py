@@ -3,17 +3,21 @@
 load one back and dump what the optimizer then holds.
 
   save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--swiglu]
+           [--pp N] [--experts E --ep N [--etp N] [--topk K]
+           [--shared-expert] [--first-dense]]
            [--dump FILE] [--layers 2 --hidden 64 --ffn 256 --heads 4
            --vocab 128]
-      trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
+      trains a tiny bf16 GPTModel two steps at tp, pp, ep (dp =
+      world/(tp*pp)) and saves
       model + optimizer as OUT/<form> for every form (torch_dist; a form
       written FORM:fully_parallel is saved as Megatron-LM's default
       --ckpt-fully-parallel-save does, into OUT/FORM_fully_parallel); --dump
       writes what the optimizer holds then, as load does.
-  load CKPT --form F --tp T [--world W] [--swiglu] --dump FILE
-       [--timing FILE] (and the size options save took)
-      builds the same model at tp T, loads model + optimizer from CKPT asking
-      for the form its common.pt names (as Megatron-LM does; F when it names
+  load CKPT --form F --tp T [--pp P] [--ep E] [--world W] [--swiglu]
+       --dump FILE [--timing FILE] (and the model options save took)
+      builds the same model at tp T (pp P, ep E), loads model + optimizer
+      from CKPT with the metadata its common.pt records (as Megatron-LM
+      does: the form it names, F when it names
       none), and writes FILE: for every rank and parameter, the fp32
       main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
       the model weights of that shard and the param groups' steps
@@ -27,6 +31,15 @@ load one back and dump what the optimizer then holds.
 Both run in .venv-mcore (torch, megatron-core) over gloo, one process per
 rank. Only device placement is patched (see _cpu_patches): the code that
 builds, saves and loads the optimizer's sharded state dicts is mcore's own.
+
+With pipeline stages or experts (--pp > 1, --experts) the two steps take
+made-up gradients (train_synthetic): the harness runs no pipeline schedule
+or MoE forward on CPU, and the optimizer state, which is all these saves
+are for, comes from megatron-core's own step either way.  --experts builds
+an MoE model of local SequentialMLP experts (the allgather dispatcher; no
+linear biases, which megatron-core 0.15.3 takes only at etp 1);
+--first-dense makes layer 0 a dense MLP, so every layer is saved under
+keys of its own.  load takes the same layout and model options.
 
 --buckets 1 turns overlap_grad_reduce off, so DDP uses one bucket per
 buffer; with more buckets megatron-core 0.15.3 writes a wrong
