@@ -134,7 +134,7 @@ def _moe_patches():
 SIZE = dict(layers=2, hidden=64, ffn=256, heads=4, vocab=128)
 
 
-def build(tp, buckets, swiglu=False, size=SIZE, pp=1, moe=None):
+def build(tp, buckets, swiglu=False, size=SIZE, pp=1, moe=None, tied=False):
     """The model of this rank's pipeline stage (embedding on the first,
     final norm and output layer on the last), DDP and the optimizer.  moe:
     dict(experts, topk, ep, shared, first_dense) for an MoE model of local
@@ -185,7 +185,7 @@ def build(tp, buckets, swiglu=False, size=SIZE, pp=1, moe=None):
             num_experts=moe["experts"] if moe else None, moe_grouped_gemm=False)
     gpt = GPTModel(config=cfg, transformer_layer_spec=spec,
                    vocab_size=size["vocab"], max_sequence_length=16,
-                   share_embeddings_and_output_weights=False,
+                   share_embeddings_and_output_weights=tied,
                    position_embedding_type="rope",
                    pre_process=ps.is_pipeline_first_stage(),
                    post_process=ps.is_pipeline_last_stage())
@@ -296,7 +296,7 @@ def worker(rank, world, port, a):
     moe = dict(experts=a.experts, topk=a.topk, ep=a.ep, etp=a.etp,
                shared=a.shared_expert,
                first_dense=a.first_dense) if a.experts else None
-    gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size, a.pp, moe)
+    gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size, a.pp, moe, a.tied)
     # What Megatron-LM passes to every sharded_state_dict and records in
     # common.pt's content_metadata (the form aside).
     base_md = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
@@ -398,6 +398,8 @@ def main(argv=None):
                     help="a gated fc1 ([W; V], stored in 2*tp chunks)")
     ap.add_argument("--timing", help="load: the load's seconds, as JSON")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    ap.add_argument("--tied", action="store_true",
+                    help="embedding and output layer share their weights")
     ap.add_argument("--experts", type=int, default=0,
                     help="MoE: experts per layer (SequentialMLP)")
     ap.add_argument("--ep", type=int, default=1, help="MoE: expert parallel")

@@ -556,6 +556,25 @@ static int cmp_by_layer(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* An embedding without an output layer: tied weights, which with
+ * pipeline stages megatron-core keeps on the last stage too, as a param
+ * of that stage's buffers saved under no key of its own. */
+static bool tied_embedding(const distopt *o)
+{
+	const rs_catalog *c = &o->ck->catalog;
+	bool emb = false, out = false;
+
+	for (size_t i = 0; i < c->count; i++) {
+		const char *b = rs_rules_base_name(c->tensors[i].name);
+
+		if (!is_model_tensor(&c->tensors[i]))
+			continue;
+		emb |= strcmp(b, "embedding.word_embeddings.weight") == 0;
+		out |= strcmp(b, "output_layer.weight") == 0;
+	}
+	return emb && !out;
+}
+
 /* The layer count, the expert count and the units' split of them:
  * stages of equal layer counts (megatron-core's default split; others
  * fail the layout checks), EP ranks of equal expert counts. */
@@ -606,6 +625,11 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 		return -EINVAL;
 	}
 	o->ep = o->units / o->pp;
+	if (o->kind != EXPERT_PARAMS && o->pp > 1 && tied_embedding(o)) {
+		rs_diag_add(o->d, "%s: %s: embedding.word_embeddings.weight is tied to the output layer (no output_layer.weight) over %u pipeline stages; the last stage's buffers hold a copy of it, which is not read",
+			    o->meta_path, o->prefix, o->pp);
+		return -EINVAL;
+	}
 	if (o->pp > 1 && (!o->layers || o->layers % o->pp != 0)) {
 		rs_diag_add(o->d, "%s: %s: %u pipeline stages, but the %llu layers do not split evenly over them (uneven stages are not read)",
 			    o->meta_path, o->prefix, o->pp,

@@ -187,3 +187,14 @@ def test_missing_stage_refused(pp2, failing_mount, tmp_path):
     rc, err = failing_mount(src, ["tp=1"])
     assert_refused(rc, err, ".metadata", "no param fits at element 0",
                    "the recomputed bucket layout does not match")
+
+
+def test_tied_embedding_with_stages_refused(failing_mount, tmp_path):
+    """Tied embedding and output layer at pp 2: the last stage's buffer
+    holds a copy of the embedding under no key of its own, which is not
+    read; refused by name rather than by a failed layout."""
+    run_py(SCRIPT, "save", tmp_path, "--tied", "--tp", 1, "--pp", 2,
+           "--world", 2, "--forms", "dp_reshardable")
+    rc, err = failing_mount(tmp_path / "dp_reshardable", ["tp=1"])
+    assert_refused(rc, err, ".metadata", "embedding.word_embeddings.weight",
+                   "tied", "pipeline stages", "not read")
