@@ -599,6 +599,15 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 	if (nper) {
 		uint64_t last = key_layer(c->tensors[per[nper - 1]].name);
 
+		if (nst && last >= o->layers) {
+			/* stacked slots would then point past their tensor */
+			rs_diag_add(o->d, "%s: %s: layer %llu, past the %llu layers of %s",
+				    o->meta_path, c->tensors[per[nper - 1]].name,
+				    (unsigned long long)last,
+				    (unsigned long long)o->layers,
+				    c->tensors[stacked[0]].name);
+			return -EINVAL;
+		}
 		if (last >= o->layers)
 			o->layers = last + 1;
 	}
