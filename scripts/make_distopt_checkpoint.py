@@ -238,7 +238,13 @@ def train_synthetic(gpt, model, opt, steps, ps):
                 if getattr(p, "tensor_model_parallel", False) else 0
             ep = ps.get_expert_model_parallel_rank() \
                 if not getattr(p, "allreduce", True) else 0
-            seed = zlib.crc32(f"{name}/{step}/{where}/{tp}/{ep}".encode())
+            key = f"{name}/{step}/{where}/{tp}/{ep}"
+            if getattr(p, "shared_embedding", False):
+                # Tied weights over stages: the embedding and the last
+                # stage's output layer copy get the same grads, as the
+                # all-reduce of Megatron-LM's finalize_model_grads gives.
+                key = f"shared_embedding/{step}/{where[1]}/{tp}"
+            seed = zlib.crc32(key.encode())
             g = torch.Generator().manual_seed(seed)
             p.main_grad.copy_(torch.randn(p.shape, generator=g) * 1e-2)
         model.finish_grad_sync()

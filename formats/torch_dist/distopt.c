@@ -24,7 +24,10 @@
  * (and expert by expert); a layer's unit follows from its number (stages
  * of equal layer counts) and an expert's from its index.  Params outside
  * the layers (embedding, final norm, output layer) are tried first on
- * the first or last stage, as their key sits before or after the layers.
+ * the first or last stage, as their key sits before or after the layers;
+ * with tied embeddings the last stage also holds the output layer's copy
+ * of the embedding, saved under no key, which is placed and checked like
+ * a param but whose state is the embedding's own.
  * Where keys were moved (a fully parallel save), the fp32 main params,
  * which the stored weights are rounded from, tell which param sits where.
  *
@@ -79,6 +82,7 @@ typedef struct {
 	uint64_t numel;         /* of one TP rank's shard */
 	bool before_layers;     /* outside the layers, keyed before them */
 	bool placed;
+	bool copy;              /* the last stage's copy of a tied embedding */
 	unsigned unit;          /* whose buffers hold it */
 	unsigned gbuf, bucket;
 	uint64_t start, end;    /* in the bucket */
@@ -556,23 +560,27 @@ static int cmp_by_layer(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* An embedding without an output layer: tied weights, which with
- * pipeline stages megatron-core keeps on the last stage too, as a param
- * of that stage's buffers saved under no key of its own. */
-static bool tied_embedding(const distopt *o)
+/* The embedding, when it has no output layer beside it: tied weights,
+ * which with pipeline stages megatron-core keeps on the last stage too,
+ * as the output layer's param in that stage's buffers, saved under no key
+ * of its own (its state is the embedding's: both get the same gradients).
+ * SIZE_MAX when untied or not in this optimizer. */
+static size_t tied_embedding(const distopt *o)
 {
 	const rs_catalog *c = &o->ck->catalog;
-	bool emb = false, out = false;
+	size_t emb = SIZE_MAX;
+	bool out = false;
 
 	for (size_t i = 0; i < c->count; i++) {
 		const char *b = rs_rules_base_name(c->tensors[i].name);
 
-		if (!is_model_tensor(&c->tensors[i]))
+		if (!in_instance(o, &c->tensors[i]))
 			continue;
-		emb |= strcmp(b, "embedding.word_embeddings.weight") == 0;
+		if (strcmp(b, "embedding.word_embeddings.weight") == 0)
+			emb = i;
 		out |= strcmp(b, "output_layer.weight") == 0;
 	}
-	return emb && !out;
+	return out ? SIZE_MAX : emb;
 }
 
 /* The layer count, the expert count and the units' split of them:
@@ -634,11 +642,6 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 		return -EINVAL;
 	}
 	o->ep = o->units / o->pp;
-	if (o->kind != EXPERT_PARAMS && o->pp > 1 && tied_embedding(o)) {
-		rs_diag_add(o->d, "%s: %s: embedding.word_embeddings.weight is tied to the output layer (no output_layer.weight) over %u pipeline stages; the last stage's buffers hold a copy of it, which is not read",
-			    o->meta_path, o->prefix, o->pp);
-		return -EINVAL;
-	}
 	if (o->pp > 1 && (!o->layers || o->layers % o->pp != 0)) {
 		rs_diag_add(o->d, "%s: %s: %u pipeline stages, but the %llu layers do not split evenly over them (uneven stages are not read)",
 			    o->meta_path, o->prefix, o->pp,
@@ -702,6 +705,7 @@ static int module_order(distopt *o)
 {
 	const rs_catalog *c = &o->ck->catalog;
 	size_t first = SIZE_MAX, nst = 0, nper = 0, *stacked = NULL, *per = NULL;
+	size_t tied;
 	int err;
 
 	o->split = calloc(c->count ? c->count : 1, sizeof(*o->split));
@@ -753,6 +757,14 @@ static int module_order(distopt *o)
 		    !o->split[i].layer_axes &&
 		    key_layer(c->tensors[i].name) == NO_LAYER)
 			err = add_slot(o, i, 0, NO_LAYER, 0, false);
+	/* the output layer's copy of a tied embedding, last in the module
+	 * order of the last stage */
+	if (!err && o->kind != EXPERT_PARAMS && o->pp > 1 &&
+	    (tied = tied_embedding(o)) != SIZE_MAX) {
+		err = add_slot(o, tied, 0, NO_LAYER, 0, false);
+		if (!err)
+			o->slots[o->nslots - 1].copy = true;
+	}
 	for (size_t n = 0; n < o->nslots && !err; n++)
 		if (o->slots[n].at_layer != NO_LAYER)
 			o->slots[n].unit = unit_of(o, &o->slots[n]);
@@ -1087,6 +1099,21 @@ static int place(distopt *o)
 			err = place_buffer(o, u, b, order, n);
 		}
 	free(order);
+	for (size_t i = 0; i < o->nslots && !err; i++) {
+		const param_slot *p = &o->slots[i];
+
+		if (!p->copy || !p->placed)
+			continue;
+		for (size_t j = 0; j < o->nslots && !err; j++)
+			if (j != i && o->slots[j].tensor == p->tensor &&
+			    o->slots[j].unit == p->unit) {
+				rs_diag_add(o->d, "%s: %s: the tied embedding and its output layer copy both fit stage %u's buffers; the bucket layout is ambiguous",
+					    o->meta_path,
+					    o->ck->catalog.tensors[p->tensor].name,
+					    p->unit);
+				err = -EINVAL;
+			}
+	}
 	for (size_t i = 0; i < o->nslots && !err; i++)
 		if (!o->slots[i].placed) {
 			rs_diag_add(o->d, "%s: %s (layer %lld): in no %s's dp_reshardable grad buffer (of %s)",
@@ -1248,7 +1275,7 @@ static int build_states(distopt *o)
 			for (size_t n = 0; n < o->nslots && !err; n++) {
 				const param_slot *p = &o->slots[n];
 
-				if (p->tensor != i)
+				if (p->tensor != i || p->copy)
 					continue;
 				bt = bucket_tensor(o, p->unit * o->tp, p->gbuf, 0, s);
 				for (unsigned r = 0; r < ranks && !err; r++)
