@@ -3,17 +3,21 @@
 load one back and dump what the optimizer then holds.
 
   save OUT [--tp 2] [--world 4] [--forms a,b] [--buckets N] [--swiglu]
+           [--pp N] [--experts E --ep N [--etp N] [--topk K]
+           [--shared-expert] [--first-dense]]
            [--dump FILE] [--layers 2 --hidden 64 --ffn 256 --heads 4
            --vocab 128]
-      trains a tiny bf16 GPTModel two steps at tp (dp = world/tp) and saves
+      trains a tiny bf16 GPTModel two steps at tp, pp, ep (dp =
+      world/(tp*pp)) and saves
       model + optimizer as OUT/<form> for every form (torch_dist; a form
       written FORM:fully_parallel is saved as Megatron-LM's default
       --ckpt-fully-parallel-save does, into OUT/FORM_fully_parallel); --dump
       writes what the optimizer holds then, as load does.
-  load CKPT --form F --tp T [--world W] [--swiglu] --dump FILE
-       [--timing FILE] (and the size options save took)
-      builds the same model at tp T, loads model + optimizer from CKPT asking
-      for the form its common.pt names (as Megatron-LM does; F when it names
+  load CKPT --form F --tp T [--pp P] [--ep E] [--world W] [--swiglu]
+       --dump FILE [--timing FILE] (and the model options save took)
+      builds the same model at tp T (pp P, ep E), loads model + optimizer
+      from CKPT with the metadata its common.pt records (as Megatron-LM
+      does: the form it names, F when it names
       none), and writes FILE: for every rank and parameter, the fp32
       main param, exp_avg and exp_avg_sq shard the optimizer now holds, plus
       the model weights of that shard and the param groups' steps
@@ -27,6 +31,15 @@ load one back and dump what the optimizer then holds.
 Both run in .venv-mcore (torch, megatron-core) over gloo, one process per
 rank. Only device placement is patched (see _cpu_patches): the code that
 builds, saves and loads the optimizer's sharded state dicts is mcore's own.
+
+With pipeline stages or experts (--pp > 1, --experts) the two steps take
+made-up gradients (train_synthetic): the harness runs no pipeline schedule
+or MoE forward on CPU, and the optimizer state, which is all these saves
+are for, comes from megatron-core's own step either way.  --experts builds
+an MoE model of local SequentialMLP experts (the allgather dispatcher; no
+linear biases, which megatron-core 0.15.3 takes only at etp 1);
+--first-dense makes layer 0 a dense MLP, so every layer is saved under
+keys of its own.  load takes the same layout and model options.
 
 --buckets 1 turns overlap_grad_reduce off, so DDP uses one bucket per
 buffer; with more buckets megatron-core 0.15.3 writes a wrong
@@ -110,36 +123,72 @@ def _torch_adamw_patches():
     DO._set_main_param_and_optimizer_states = set_states
 
 
+def _moe_patches():
+    """megatron-core 0.15.3's model_parallel_config.py warns through a
+    `warnings` it does not import (reached with ep > 1 and tp > 1)."""
+    import warnings
+    from megatron.core import model_parallel_config
+    model_parallel_config.warnings = warnings
+
+
 SIZE = dict(layers=2, hidden=64, ffn=256, heads=4, vocab=128)
 
 
-def build(tp, buckets, swiglu=False, size=SIZE):
+def build(tp, buckets, swiglu=False, size=SIZE, pp=1, moe=None, tied=False):
+    """The model of this rank's pipeline stage (embedding on the first,
+    final norm and output layer on the last), DDP and the optimizer.  moe:
+    dict(experts, topk, ep, shared, first_dense) for an MoE model of local
+    SequentialMLP experts."""
     import torch
+    from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
     from megatron.core.distributed import (DistributedDataParallel,
                                            DistributedDataParallelConfig)
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec, get_gpt_layer_local_spec)
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.module import Float16Module
 
     torch.manual_seed(1234)
+    more = {}
+    if moe:
+        more.update(num_moe_experts=moe["experts"], moe_router_topk=moe["topk"],
+                    expert_model_parallel_size=moe["ep"],
+                    moe_token_dispatcher_type="allgather",
+                    moe_grouped_gemm=False, moe_ffn_hidden_size=size["ffn"],
+                    moe_router_load_balancing_type="none",
+                    expert_tensor_parallel_size=moe["etp"],
+                    # megatron-core 0.15.3 takes MoE biases only at etp 1
+                    add_bias_linear=False)
+        if moe["shared"]:
+            more["moe_shared_expert_intermediate_size"] = size["ffn"]
+        if moe["first_dense"]:
+            more["moe_layer_freq"] = [0] + [1] * (size["layers"] - 1)
     cfg = TransformerConfig(
         num_layers=size["layers"], hidden_size=size["hidden"],
         ffn_hidden_size=size["ffn"], num_attention_heads=size["heads"],
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.bfloat16,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         params_dtype=torch.bfloat16, bf16=True, sequence_parallel=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, bias_dropout_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False,
         **(dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
-           if swiglu else {}))
-    gpt = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
+           if swiglu else {}), **more)
+    if moe and moe["first_dense"]:
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=moe["experts"] if moe else None, moe_grouped_gemm=False)
+    gpt = GPTModel(config=cfg, transformer_layer_spec=spec,
                    vocab_size=size["vocab"], max_sequence_length=16,
-                   share_embeddings_and_output_weights=False,
-                   position_embedding_type="rope")
+                   share_embeddings_and_output_weights=tied,
+                   position_embedding_type="rope",
+                   pre_process=ps.is_pipeline_first_stage(),
+                   post_process=ps.is_pipeline_last_stage())
     # The CUDA RNG tracker cannot fork without CUDA; dropout is 0 anyway.
     tensor_parallel.get_cuda_rng_tracker().fork = \
         lambda *a, **k: contextlib.nullcontext()
@@ -170,12 +219,46 @@ def train(model, opt, steps, dp_rank, vocab):
         opt.step()
 
 
+def train_synthetic(gpt, model, opt, steps, ps):
+    """Two steps of made-up gradients, for pipeline stages and experts,
+    whose forward and backward over gloo the CPU harness does not run: each
+    param's grad is drawn from a seed of its name (which names the stage's
+    local layer and expert), the step, the DP rank and, for params split
+    over TP or EP, that rank (params replicated over TP get the same grads
+    on every TP rank, as a real backward gives them).  DDP reduces them
+    over DP and the optimizer steps as in training."""
+    import zlib
+    import torch
+    where = (ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank())
+    for step in range(steps):
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        for name, p in gpt.named_parameters():
+            tp = ps.get_tensor_model_parallel_rank() \
+                if getattr(p, "tensor_model_parallel", False) else 0
+            ep = ps.get_expert_model_parallel_rank() \
+                if not getattr(p, "allreduce", True) else 0
+            key = f"{name}/{step}/{where}/{tp}/{ep}"
+            if getattr(p, "shared_embedding", False):
+                # Tied weights over stages: the embedding and the last
+                # stage's output layer copy get the same grads, as the
+                # all-reduce of Megatron-LM's finalize_model_grads gives.
+                key = f"shared_embedding/{step}/{where[1]}/{tp}"
+            seed = zlib.crc32(key.encode())
+            g = torch.Generator().manual_seed(seed)
+            p.main_grad.copy_(torch.randn(p.shape, generator=g) * 1e-2)
+        model.finish_grad_sync()
+        opt.step()
+
+
 def dump_states(gpt, opt):
     """{param name: {state: fp32 1-d shard}} of this rank's optimizer."""
-    inner = opt.chained_optimizers[0] if hasattr(opt, "chained_optimizers") else opt
-    out = {}
+    inners = getattr(opt, "chained_optimizers", [opt])
+    out, steps = {}, set()
     for name, p in gpt.named_parameters():
-        if p in inner.model_param_group_index_map:
+        for inner in inners:
+            if p not in inner.model_param_group_index_map:
+                continue
             t = inner._get_main_param_and_optimizer_states(p)
             out[name] = {k: v.detach().clone() for k, v in t.items()
                          if k in ("param", "exp_avg", "exp_avg_sq")}
@@ -183,16 +266,19 @@ def dump_states(gpt, opt):
             r = inner._get_model_param_range_map(p)["param"]
             out[name]["model"] = p.detach().view(-1)[r.start:r.end].clone()
     # torch AdamW keeps a step per param (a load sets them from the groups).
-    steps = sorted({float(st["step"]) for st in inner.optimizer.state.values()
-                    if "step" in st})
-    return out, steps
+    for inner in inners:
+        steps |= {float(st["step"]) for st in inner.optimizer.state.values()
+                  if "step" in st}
+    return out, sorted(steps)
 
 
 def write_dump(a, rank, gpt, opt, ps):
     import torch
     states, steps = dump_states(gpt, opt)
     torch.save({"tp_rank": ps.get_tensor_model_parallel_rank(),
-                "dp_rank": ps.get_data_parallel_rank(), "steps": steps,
+                "dp_rank": ps.get_data_parallel_rank(),
+                "pp_rank": ps.get_pipeline_model_parallel_rank(),
+                "ep_rank": ps.get_expert_model_parallel_rank(), "steps": steps,
                 "states": states}, f"{a.dump}.rank{rank}")
 
 
@@ -206,21 +292,34 @@ def worker(rank, world, port, a):
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
     _torch_adamw_patches()
-    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp)
+    _moe_patches()
+    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp,
+                                 pipeline_model_parallel_size=a.pp,
+                                 expert_model_parallel_size=a.ep,
+                                 expert_tensor_parallel_size=a.etp)
     dp_rank = ps.get_data_parallel_rank()
     size = {k: getattr(a, k) for k in SIZE}
-    gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size)
+    moe = dict(experts=a.experts, topk=a.topk, ep=a.ep, etp=a.etp,
+               shared=a.shared_expert,
+               first_dense=a.first_dense) if a.experts else None
+    gpt, model, opt = build(a.tp, a.buckets, a.swiglu, size, a.pp, moe, a.tied)
+    # What Megatron-LM passes to every sharded_state_dict and records in
+    # common.pt's content_metadata (the form aside).
+    base_md = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if a.mode == "save":
-        train(model, opt, 2, dp_rank, size["vocab"])
+        if a.pp > 1 or moe:
+            train_synthetic(gpt, model, opt, 2, ps)
+        else:
+            train(model, opt, 2, dp_rank, size["vocab"])
         for entry in a.forms.split(","):
             form, _, how = entry.partition(":")
             d = os.path.join(a.dir, form + ("_" + how if how else ""))
             if rank == 0:
                 os.makedirs(d, exist_ok=True)
             dist.barrier()
-            msd = gpt.sharded_state_dict()
-            osd = opt.sharded_state_dict(
-                msd, metadata={"distrib_optim_sharding_type": form})
+            md = dict(base_md, distrib_optim_sharding_type=form)
+            msd = gpt.sharded_state_dict(metadata=md)
+            osd = opt.sharded_state_dict(msd, metadata=md)
             strategy = None
             if how == "fully_parallel":
                 # Megatron-LM's --ckpt-fully-parallel-save (its default):
@@ -236,7 +335,7 @@ def worker(rank, world, port, a):
             # its load asks for the form found there.
             dist_checkpointing.save({"model": msd, "optimizer": osd}, d,
                                     sharded_strategy=strategy,
-                                    content_metadata={"distrib_optim_sharding_type": form})
+                                    content_metadata=md)
             dist.barrier()
         if a.dump:
             write_dump(a, rank, gpt, opt, ps)
@@ -244,11 +343,11 @@ def worker(rank, world, port, a):
         # torch AdamW has no state before a step; load overwrites these.
         for o in getattr(opt, "chained_optimizers", [opt]):
             o._init_optimizer_states_with_dummy_values()
+        # As Megatron-LM does: the metadata common.pt records, else its own.
         found = dist_checkpointing.load_content_metadata(a.dir) or {}
-        form = found.get("distrib_optim_sharding_type", a.form)
-        msd = gpt.sharded_state_dict()
-        osd = opt.sharded_state_dict(msd, is_loading=True,
-                                     metadata={"distrib_optim_sharding_type": form})
+        md = {**base_md, "distrib_optim_sharding_type": a.form, **found}
+        msd = gpt.sharded_state_dict(metadata=md)
+        osd = opt.sharded_state_dict(msd, is_loading=True, metadata=md)
         dist.barrier()
         t0 = time.time()
         loaded = dist_checkpointing.load({"model": msd, "optimizer": osd}, a.dir)
@@ -274,7 +373,8 @@ def compare(got_path, want_path):
     assert len(got) == len(want), (len(got), len(want))
     n, names = 0, set()
     for g, w in zip(got, want):
-        assert (g["tp_rank"], g["dp_rank"]) == (w["tp_rank"], w["dp_rank"])
+        where = ("tp_rank", "dp_rank", "pp_rank", "ep_rank")
+        assert [g.get(k) for k in where] == [w.get(k) for k in where]
         assert g["steps"] == w["steps"], (g["steps"], w["steps"])
         assert w["steps"] == [2.0], w["steps"]
         assert sorted(g["states"]) == sorted(w["states"])
@@ -303,6 +403,17 @@ def main(argv=None):
     ap.add_argument("--swiglu", action="store_true",
                     help="a gated fc1 ([W; V], stored in 2*tp chunks)")
     ap.add_argument("--timing", help="load: the load's seconds, as JSON")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    ap.add_argument("--tied", action="store_true",
+                    help="embedding and output layer share their weights")
+    ap.add_argument("--experts", type=int, default=0,
+                    help="MoE: experts per layer (SequentialMLP)")
+    ap.add_argument("--ep", type=int, default=1, help="MoE: expert parallel")
+    ap.add_argument("--etp", type=int, help="MoE: expert TP (default: tp)")
+    ap.add_argument("--topk", type=int, default=2)
+    ap.add_argument("--shared-expert", action="store_true")
+    ap.add_argument("--first-dense", action="store_true",
+                    help="MoE: layer 0 a dense MLP (per-layer keys)")
     for k, v in SIZE.items():
         ap.add_argument(f"--{k}", type=int, default=v)
     a = ap.parse_args(argv)

@@ -139,6 +139,6 @@ int rs_torch_dist_read_flat_state(rs_checkpoint *ck, const char *meta_path,
 
 	if (!err)
 		err = rs_torch_dist_make_common(ck, d, "fully_sharded_model_space",
-						NULL);
+						NULL, 0);
 	return err;
 }

@@ -28,9 +28,10 @@ int rs_torch_dist_unflatten(rs_tensor *t, int ndim, const uint64_t *orig,
 int rs_torch_dist_read_flat_state(rs_checkpoint *ck, const char *meta_path,
 				  rs_diag *d);
 
-/* What the view's common.pt adds to the optimizer's dict: key j
+/* What the view's common.pt adds to an optimizer's dict: key j
  * (klen[j] bytes) with the one item of the list objs[j] holds. */
 #define RS_COMMON_MAX_ITEMS 16
+#define RS_COMMON_MAX_CHAINED 8
 typedef struct {
 	size_t n;
 	const char *const *keys;
@@ -38,12 +39,13 @@ typedef struct {
 	rs_pickle *const *objs;
 } rs_common_items;
 /* Makes the view's common.pt (see common_pt.c): the source's, its
- * optimizer's form (which must be `form`) and content_metadata's
- * saying fully_reshardable, `items` (may be NULL) added to the
- * optimizer's dict; the source's common.pt is hidden.  0, -EINVAL (reason
- * in d), -ENOMEM. */
+ * optimizer's form (which must be `form`; of each optimizer, for chained
+ * optimizers) and content_metadata's saying fully_reshardable, items[i]
+ * (items may be NULL, else nitems must be the optimizer count) added to
+ * optimizer i's dict; the source's common.pt is hidden.  0, -EINVAL
+ * (reason in d), -ENOMEM. */
 int rs_torch_dist_make_common(rs_checkpoint *ck, rs_diag *d, const char *form,
-			      const rs_common_items *items);
+			      const rs_common_items *items, size_t nitems);
 
 /* Any checkpoint as torch_dist (see view.c for what it holds and who owns
  * which chunk). */
