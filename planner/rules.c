@@ -225,6 +225,22 @@ const rs_rule *rs_rules_match(const rs_rules *r, const char *key,
 	return hit;
 }
 
+/* A rule's axis count or index: an integer from 0 to RS_RULE_MAX_AXIS - 1,
+ * checked before it is narrowed. */
+static int axis_field(const cJSON *v, const char *name, int *out,
+		      const char *path, size_t index, rs_diag *d)
+{
+	if (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
+	    v->valuedouble >= RS_RULE_MAX_AXIS ||
+	    v->valuedouble != (int)v->valuedouble) {
+		rs_diag_add(d, "%s: rule %zu: \"%s\" must be an integer from 0 to %d",
+			    path, index, name, RS_RULE_MAX_AXIS - 1);
+		return -EINVAL;
+	}
+	*out = (int)v->valuedouble;
+	return 0;
+}
+
 static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 		      size_t index, rs_diag *d)
 {
@@ -269,39 +285,21 @@ static int parse_rule(const cJSON *item, rs_rule *rule, const char *path,
 			return -EINVAL;
 		}
 	} else if (axis) {
-		if (!cJSON_IsNumber(axis) || axis->valuedouble < 0 ||
-		    axis->valuedouble >= RS_RULE_MAX_AXIS ||
-		    axis->valuedouble != (int)axis->valuedouble) {
-			rs_diag_add(d, "%s: rule %zu: \"axis\" must be an integer from 0 to %d",
-				    path, index, RS_RULE_MAX_AXIS - 1);
+		if (axis_field(axis, "axis", &rule->axis, path, index, d))
 			return -EINVAL;
-		}
 		rule->split = RS_SPLIT_AXIS;
-		rule->axis = (int)axis->valuedouble;
 	} else {
 		rs_diag_add(d, "%s: rule %zu: needs \"split\" or \"axis\"", path,
 			    index);
 		return -EINVAL;
 	}
-	if (layers) {
-		if (!cJSON_IsNumber(layers) || layers->valuedouble < 0 ||
-		    layers->valuedouble >= RS_RULE_MAX_AXIS ||
-		    layers->valuedouble != (int)layers->valuedouble) {
-			rs_diag_add(d, "%s: rule %zu: \"layer_axes\" must be an integer from 0 to %d",
-				    path, index, RS_RULE_MAX_AXIS - 1);
-			return -EINVAL;
-		}
-		rule->layer_axes = (int)layers->valuedouble;
-	}
+	if (layers && axis_field(layers, "layer_axes", &rule->layer_axes,
+				 path, index, d))
+		return -EINVAL;
 	if (experts) {
-		if (!cJSON_IsNumber(experts) || experts->valuedouble < 0 ||
-		    experts->valuedouble >= RS_RULE_MAX_AXIS ||
-		    experts->valuedouble != (int)experts->valuedouble) {
-			rs_diag_add(d, "%s: rule %zu: \"expert_axis\" must be an integer from 0 to %d",
-				    path, index, RS_RULE_MAX_AXIS - 1);
+		if (axis_field(experts, "expert_axis", &rule->expert_axis, path,
+			       index, d))
 			return -EINVAL;
-		}
-		rule->expert_axis = (int)experts->valuedouble;
 		if (rule->split != RS_SPLIT_NONE &&
 		    rule->axis == rule->expert_axis) {
 			rs_diag_add(d, "%s: rule %zu: the split axis cannot be the expert axis",

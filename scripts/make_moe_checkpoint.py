@@ -131,14 +131,7 @@ def build_model(a, seed):
         normalization="RMSNorm", add_bias_linear=False,
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
         pipeline_dtype=torch.float32 if a.pp > 1 else None,
-        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
-        num_moe_experts=a.experts, moe_router_topk=2,
-        moe_ffn_hidden_size=MOE_FFN,
-        moe_shared_expert_intermediate_size=SHARED_FFN,
-        moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True,
-        moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
-        moe_layer_freq=moe_pattern(a),
+        num_moe_experts=a.experts, **moe_fields(a),
         use_cpu_initialization=True, hidden_dropout=0.0,
         attention_dropout=0.0, params_dtype=torch.float32, bf16=False,
         fp16=False, sequence_parallel=False,
@@ -178,6 +171,19 @@ def build_model(a, seed):
     return model
 
 
+def moe_fields(a):
+    """The MoE settings megatron-core's TransformerConfig and Megatron-LM's
+    args both name alike (the expert count they name apart)."""
+    return dict(
+        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
+        moe_router_topk=2, moe_ffn_hidden_size=MOE_FFN,
+        moe_shared_expert_intermediate_size=SHARED_FFN,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
+        moe_layer_freq=moe_pattern(a))
+
+
 def megatron_lm_args(a):
     """The args a Megatron-LM run of this model saves (the fields its
     checkpointing and converters read)."""
@@ -195,14 +201,7 @@ def megatron_lm_args(a):
         make_vocab_size_divisible_by=128,
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
         virtual_pipeline_model_parallel_size=None,
-        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
-        num_experts=a.experts, moe_router_topk=2,
-        moe_ffn_hidden_size=MOE_FFN,
-        moe_shared_expert_intermediate_size=SHARED_FFN,
-        moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True,
-        moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
-        moe_layer_freq=moe_pattern(a),
+        num_experts=a.experts, **moe_fields(a),
         params_dtype=torch.float32, bf16=False, fp16=False,
         use_dist_ckpt=False, ckpt_format="torch", iteration=1)
 
