@@ -546,18 +546,20 @@ static int add_slot(distopt *o, size_t tensor, uint64_t layer,
 	return 0;
 }
 
-static const distopt *sort_ctx;
+/* A per-layer key: its layer and catalog index. */
+typedef struct {
+	uint64_t layer;
+	size_t tensor;
+} layer_key;
 
-/* Per-layer keys by layer, then catalog order. */
-static int cmp_by_layer(const void *a, const void *b)
+/* By layer, then catalog order. */
+static int cmp_layer_key(const void *a, const void *b)
 {
-	size_t x = *(const size_t *)a, y = *(const size_t *)b;
-	uint64_t lx = key_layer(sort_ctx->ck->catalog.tensors[x].name);
-	uint64_t ly = key_layer(sort_ctx->ck->catalog.tensors[y].name);
+	const layer_key *x = a, *y = b;
 
-	if (lx != ly)
-		return lx < ly ? -1 : 1;
-	return x < y ? -1 : x > y;
+	if (x->layer != y->layer)
+		return x->layer < y->layer ? -1 : 1;
+	return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
 }
 
 /* The embedding, when it has no output layer beside it: tied weights,
@@ -587,7 +589,7 @@ static size_t tied_embedding(const distopt *o)
  * stages of equal layer counts (megatron-core's default split; others
  * fail the layout checks), EP ranks of equal expert counts. */
 static int find_layers(distopt *o, const size_t *stacked, size_t nst,
-		       const size_t *per, size_t nper)
+		       const layer_key *per, size_t nper)
 {
 	const rs_catalog *c = &o->ck->catalog;
 
@@ -605,12 +607,12 @@ static int find_layers(distopt *o, const size_t *stacked, size_t nst,
 		o->layers = t->shape[0];
 	}
 	if (nper) {
-		uint64_t last = key_layer(c->tensors[per[nper - 1]].name);
+		uint64_t last = per[nper - 1].layer;
 
 		if (nst && last >= o->layers) {
 			/* stacked slots would then point past their tensor */
 			rs_diag_add(o->d, "%s: %s: layer %llu, past the %llu layers of %s",
-				    o->meta_path, c->tensors[per[nper - 1]].name,
+				    o->meta_path, c->tensors[per[nper - 1].tensor].name,
 				    (unsigned long long)last,
 				    (unsigned long long)o->layers,
 				    c->tensors[stacked[0]].name);
@@ -704,14 +706,16 @@ static int add_layer(distopt *o, const size_t *list, size_t n,
 static int module_order(distopt *o)
 {
 	const rs_catalog *c = &o->ck->catalog;
-	size_t first = SIZE_MAX, nst = 0, nper = 0, *stacked = NULL, *per = NULL;
+	size_t first = SIZE_MAX, nst = 0, nper = 0, *stacked = NULL, *list = NULL;
+	layer_key *per = NULL;
 	size_t tied;
 	int err;
 
 	o->split = calloc(c->count ? c->count : 1, sizeof(*o->split));
 	stacked = malloc((c->count ? c->count : 1) * sizeof(*stacked));
 	per = malloc((c->count ? c->count : 1) * sizeof(*per));
-	if (!o->split || !stacked || !per) {
+	list = malloc((c->count ? c->count : 1) * sizeof(*list));
+	if (!o->split || !stacked || !per || !list) {
 		err = -ENOMEM;
 		goto out;
 	}
@@ -727,7 +731,7 @@ static int module_order(distopt *o)
 		if (o->split[i].layer_axes)
 			stacked[nst++] = i;
 		else if (key_layer(t->name) != NO_LAYER)
-			per[nper++] = i;
+			per[nper++] = (layer_key){ key_layer(t->name), i };
 		else
 			continue;
 		if (first == SIZE_MAX)
@@ -735,8 +739,7 @@ static int module_order(distopt *o)
 	}
 	if (err)
 		goto out;
-	sort_ctx = o;
-	qsort(per, nper, sizeof(*per), cmp_by_layer);
+	qsort(per, nper, sizeof(*per), cmp_layer_key);
 	err = find_layers(o, stacked, nst, per, nper);
 	if (err)
 		goto out;
@@ -744,13 +747,13 @@ static int module_order(distopt *o)
 		if (in_instance(o, &c->tensors[i]))
 			err = add_slot(o, i, 0, NO_LAYER, 0, true);
 	for (uint64_t l = 0, at = 0; l < o->layers && !err; l++) {
-		size_t from = at;
+		size_t n = 0;
 
-		while (at < nper && key_layer(c->tensors[per[at]].name) == l)
-			at++;
+		for (; at < nper && per[at].layer == l; at++)
+			list[n++] = per[at].tensor;
 		err = add_layer(o, stacked, nst, l, l);
 		if (!err)
-			err = add_layer(o, per + from, at - from, 0, l);
+			err = add_layer(o, list, n, 0, l);
 	}
 	for (size_t i = first; first != SIZE_MAX && i < c->count && !err; i++)
 		if (in_instance(o, &c->tensors[i]) &&
@@ -771,6 +774,7 @@ static int module_order(distopt *o)
 out:
 	free(stacked);
 	free(per);
+	free(list);
 	return err;
 }
 
