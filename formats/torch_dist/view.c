@@ -296,13 +296,11 @@ static uint32_t owner(const rs_layout *l, const rs_target *tg,
 {
 	uint32_t r = tg->axis >= 0
 		? (uint32_t)(idx[tg->axis] % rs_layout_tp_of(l, tg)) : 0;
+	int64_t x = tg->expert_axis >= 0 ? (int64_t)idx[tg->expert_axis]
+					 : tg->expert;
 
-	if (tg->expert_axis >= 0 && l->experts)
-		r += l->etp * (uint32_t)(idx[tg->expert_axis] /
-					 (l->experts / l->ep));
-	else if (tg->expert >= 0 && l->experts)
-		r += l->etp * (uint32_t)((uint64_t)tg->expert /
-					 (l->experts / l->ep));
+	if (x >= 0 && l->experts)
+		r += l->etp * (uint32_t)((uint64_t)x / (l->experts / l->ep));
 	return r;
 }
 
