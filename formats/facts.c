@@ -58,6 +58,7 @@ void rs_facts_init(rs_model_facts *f)
 
 void rs_facts_free(rs_model_facts *f)
 {
+	cJSON_Delete(f->record);
 	free(f->normalization);
 	free(f->position);
 	rs_facts_init(f);
@@ -199,6 +200,72 @@ static int arg_fact(rs_model_facts *f, const rs_pvalue *args,
 	return -EINVAL;
 }
 
+/* A plain pickle value as JSON (NULL: not a plain value, or None). */
+static cJSON *plain_json(const rs_pvalue *v, int depth)
+{
+	bool b;
+	int64_t i;
+	double x;
+	size_t len;
+	const char *s;
+
+	switch (rs_pv_kind(v)) {
+	case RS_PV_BOOL:
+		return rs_pv_bool(v, &b) == 0 ? cJSON_CreateBool(b) : NULL;
+	case RS_PV_INT:
+		return rs_pv_int(v, &i) == 0 ? cJSON_CreateNumber((double)i) : NULL;
+	case RS_PV_FLOAT:
+		return rs_pv_float(v, &x) == 0 && isfinite(x)
+			       ? cJSON_CreateNumber(x) : NULL;
+	case RS_PV_STR:
+		s = rs_pv_str(v, &len);
+		return s && strlen(s) == len && len <= 4096 ? cJSON_CreateString(s)
+							   : NULL;
+	case RS_PV_LIST:
+	case RS_PV_TUPLE: {
+		cJSON *a;
+
+		if (depth > 0 || rs_pv_len(v) > 4096 || !(a = cJSON_CreateArray()))
+			return NULL;
+		for (size_t k = 0; k < rs_pv_len(v); k++) {
+			cJSON *it = plain_json(rs_pv_item(v, k), depth + 1);
+
+			if (!it) {
+				cJSON_Delete(a);
+				return NULL;
+			}
+			cJSON_AddItemToArray(a, it);
+		}
+		return a;
+	}
+	default:
+		return NULL;
+	}
+}
+
+/* Megatron's args' plain fields as a JSON object; NULL on no memory. */
+static cJSON *args_record(const rs_pvalue *args)
+{
+	cJSON *o = cJSON_CreateObject();
+	size_t n = rs_pv_kind(args) == RS_PV_DICT ? rs_pv_len(args) : 0;
+
+	for (size_t k = 0; o && k < n && k < 65536; k++) {
+		size_t len;
+		const char *key = rs_pv_str(rs_pv_key(args, k), &len);
+		cJSON *v;
+
+		if (!key || strlen(key) != len || len > 200)
+			continue;
+		v = plain_json(rs_pv_val(args, k), 0);
+		if (!v)
+			continue;
+		/* the last pair wins, as in Python */
+		cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+		cJSON_AddItemToObject(o, key, v);
+	}
+	return o;
+}
+
 int rs_facts_from_args(rs_model_facts *out, const rs_pvalue *args,
 		       const char *from, const char *where, rs_diag *d)
 {
@@ -228,6 +295,11 @@ int rs_facts_from_args(rs_model_facts *out, const rs_pvalue *args,
 	if (rs_pv_bool(rs_pv_get(args, "group_query_attention"), &gqa) != 0 ||
 	    !gqa || !f.query_groups)
 		f.query_groups = f.heads;
+	f.record = args_record(args);
+	if (!f.record) {
+		rs_facts_free(&f);
+		return -ENOMEM;
+	}
 	return settle(out, &f, true, from, where, d);
 }
 
@@ -309,6 +381,11 @@ int rs_facts_from_hf(rs_model_facts *out, const cJSON *cfg, const char *where,
 	}
 	if (!f.query_groups)
 		f.query_groups = f.heads;
+	f.record = cJSON_Duplicate(cfg, true);
+	if (!f.record) {
+		rs_facts_free(&f);
+		return -ENOMEM;
+	}
 	return settle(out, &f, false, "config.json", where, d);
 }
 

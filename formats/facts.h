@@ -41,6 +41,11 @@ typedef struct {
 	char *normalization;    /* "RMSNorm", "LayerNorm" */
 	char *position;         /* position_embedding_type: "rope", ... */
 	const char *from;       /* which record said so, for messages */
+	/* The whole record as JSON, for the family files' config facts
+	 * (formats/bridge/family.h): Megatron's args' fields of plain values
+	 * (numbers, bools, texts, lists of them; None left out), or a copy
+	 * of config.json.  Owned; NULL when nothing is known. */
+	cJSON *record;
 } rs_model_facts;
 
 /* All unknown. */

@@ -51,7 +51,10 @@ typedef enum { RS_WHEN_ALWAYS = 0, RS_WHEN_TIED, RS_WHEN_UNTIED } rs_when;
  *             interleaved;
  *   HALF_0/1  the first or second half of the rows ([gate; up]);
  *   CAT       from[0]'s rows then from[1]'s;
- *   VOCAB     the first `vocab` rows (padding dropped). */
+ *   VOCAB     the first `vocab` rows (padding dropped);
+ *   QKV_FLAT  megatron's fused qkv as one [q (all H heads); k (G); v (G)]
+ *             (Phi-3's qkv_proj);
+ *   FLAT_QKV  the reverse: such a [q; k; v] into megatron's groups. */
 typedef enum {
 	RS_MAP_SAME = 0,
 	RS_MAP_QKV_Q,
@@ -62,6 +65,8 @@ typedef enum {
 	RS_MAP_HALF_1,
 	RS_MAP_CAT,
 	RS_MAP_VOCAB,
+	RS_MAP_QKV_FLAT,
+	RS_MAP_FLAT_QKV,
 } rs_map_op;
 
 #define RS_MAP_MAX_FROM 3
@@ -74,7 +79,88 @@ typedef struct {
 	rs_map_op op;
 	const char *from[RS_MAP_MAX_FROM];
 	rs_when when;
+	/* 0: the family's own row; n: its n-th base's.  A stored tensor a
+	 * row of one tier takes is not offered to a later tier's rows: a
+	 * family replaces what its base does with it (Phi-3's fused qkv). */
+	unsigned tier;
 } rs_map_row;
+
+/* A config fact's type, as config.json holds it. */
+typedef enum {
+	RS_FACT_INT = 0,
+	RS_FACT_REAL,
+	RS_FACT_BOOL,
+	RS_FACT_STR,
+	RS_FACT_OBJECT,         /* built of sub-facts (rope_scaling) */
+} rs_fact_type;
+
+/* One config.json field of a family (formats/bridge/family.h): where
+ * its value comes from, each source that gives one must agree.  Toward HF
+ * the sources are, in order, the checkpoint's (args, model, absent,
+ * shape, count), then the user's -o hf_config=, then value and dflt;
+ * from HF, SOURCE's config.json, checked against shape and count, and
+ * against value when the file gives the field. */
+typedef struct rs_fact_def {
+	char *hf;                       /* the config.json field */
+	rs_fact_type type;
+	char *args;                     /* Megatron's args field, or NULL */
+	char *model;                    /* the reader's description
+					 * (rs_model_config; metaseq's cfg) */
+	char *shape;                    /* an HF tensor (first layer for a
+					 * "#"), whose size on `axis` ... */
+	int axis;
+	char *per;                      /* ... divided by this fact */
+	char *count;                    /* an HF pattern: how many layers */
+	char **absent;                  /* bool: true when SOURCE stores none
+					 * of these Megatron tensors */
+	size_t nabsent;
+	char *when_args;                /* args only when this args flag is
+					 * true (an object: only then at all) */
+	bool negate;                    /* a bool args field, negated */
+	char *same_as;                  /* else the value of this fact */
+	struct cJSON *value, *dflt;     /* owned, or NULL */
+	bool required;                  /* refuse the view without it */
+	bool nullable;                  /* toward HF, null when unknown (so
+					 * that HF's own default, say a
+					 * sliding window, does not apply) */
+	struct rs_fact_def *fields;     /* RS_FACT_OBJECT's */
+	size_t nfields;
+} rs_fact_def;
+
+/* A check: what the family cannot describe.  One of the sources holds a
+ * value among `in` (a JSON list; null in it: absent is fine). */
+typedef struct {
+	char *args, *hf, *model;
+	struct cJSON *in;               /* owned */
+} rs_check_def;
+
+/* What a family's directions share: its file, its HF names and facts. */
+typedef struct rs_family_info {
+	char *name;                     /* "qwen3" */
+	char *path;                     /* the family file (or rules file) */
+	char *base;                     /* the family it extends, or NULL */
+	char **arch;                    /* HF architectures it writes and
+					 * reads; the first is written */
+	size_t narch;
+	char *model_type;
+	char **detect;                  /* Megatron tensors whose presence
+					 * picks it for a source that does not
+					 * say its family; NULL: never guessed */
+	size_t ndetect;
+	bool guessable;                 /* "detect" given (maybe empty) */
+	char *experts;                  /* the fact counting experts, or NULL */
+	rs_fact_def *facts;
+	size_t nfacts;
+	rs_check_def *checks;
+	size_t nchecks;
+	/* Per ecosystem ("mcore", "hf", "metaseq"): its embeddings' name, a
+	 * prefix its names may carry, the objects a view in it makes. */
+	struct rs_family_eco {
+		char *eco, *embed, *strip;
+		char **objects;         /* NULL-terminated, or NULL */
+	} eco[3];
+	size_t neco;
+} rs_family_info;
 
 typedef struct rs_family {
 	const char *name;               /* "llama" */
@@ -90,12 +176,15 @@ typedef struct rs_family {
 	 * with the value None, one per layer (megatron-core's linear
 	 * layers' _extra_state); NULL-terminated, or NULL. */
 	const char *const *objects;
+	const rs_family_info *info;     /* the file it came from */
 } rs_family;
 
 /* The architecture as far as the checkpoint and the user tell it (0 /
  * false / NAN: unknown). */
 typedef struct {
-	const rs_family *family;        /* NULL: no description */
+	const rs_family *family;        /* the bridge's, NULL: none */
+	const char *family_name;        /* the reader's ("opt"), or NULL:
+					 * no description */
 	const char *from;               /* what said so ("cfg"), for messages */
 	uint32_t layers, hidden, ffn, heads;
 	uint32_t kv_heads, head_dim;    /* query groups; rows per head */
@@ -118,14 +207,20 @@ typedef struct {
 	/* -o hf_config=FILE's text (a JSON object), whose other fields the
 	 * hf view copies into config.json; NULL when not given. */
 	char *hf_config;
-	/* With family NULL: why the reader could not describe the model (its
+	/* The bridge's config.json for the hf view (owned), and what it
+	 * says of each fact's source, a line each (owned), for --dry-run. */
+	char *hf_config_out;
+	char *fact_lines;
+	/* The families the bridge loaded (owned: rs_families_free). */
+	struct rs_families *families;
+	/* With family_name NULL: why the reader could not describe the model (its
 	 * one line; empty when it has no record of the architecture). */
 	char why[640];
 } rs_model_config;
 
-/* The built-in family `name` from ecosystem `from` to `to`, or NULL. */
-const rs_family *rs_family_find(const char *name, const char *from,
-				const char *to);
+/* The families loaded (formats/bridge/family.h); freed with the model. */
+struct rs_families;
+void rs_families_free(struct rs_families *fs);
 
 /* The op of a name as rules files spell it ("same", "qkv_q", ...) and
  * back; -1 / NULL when there is none. */

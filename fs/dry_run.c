@@ -80,19 +80,12 @@ void rs_fs_dry_run(const rs_fs *fs, bool verbose, FILE *out)
 	if (ck->facts.heads)
 		fprintf(out, "attention: %u heads, %u query groups (%s)\n",
 			ck->facts.heads, ck->facts.query_groups, ck->facts.from);
-	if (ck->model.family && ck->model.layers &&
-	    strcmp(ck->model.family->name, "llama") == 0 &&
-	    strcmp(ck->model.family->to, "hf") == 0)
-		fprintf(out, "model: llama, %u layers, hidden %u, ffn %u, %u heads of %u, %u kv heads, vocab %llu, %s embeddings, rms_norm_eps %g, rope_theta %g, %llu positions (%s%s)\n",
-			ck->model.layers, ck->model.hidden, ck->model.ffn,
-			ck->model.heads, ck->model.head_dim,
-			ck->model.kv_heads,
-			(unsigned long long)ck->model.vocab,
-			ck->model.tied ? "tied" : "untied", ck->model.norm_eps,
-			ck->model.rope_theta,
-			(unsigned long long)ck->model.max_positions,
-			ck->model.from,
-			ck->model.hf_config && ck->facts.from ? " and hf_config" : "");
+	if (ck->model.family)
+		fprintf(out, "family: %s, %s to %s (%s)\n", ck->model.family->name,
+			ck->model.family->from, ck->model.family->to,
+			ck->model.family->info->path);
+	if (ck->model.family && verbose && ck->model.fact_lines)
+		fprintf(out, "config facts:\n%s", ck->model.fact_lines);
 	fprintf(out, "tensors: %zu (%zu split by tp, %zu whole)\n",
 		ck->catalog.count, split, ck->catalog.count - split);
 	fprintf(out, "view files: %" PRIu64 " in %" PRIu64 " directories, %" PRIu64 " bytes (%.2f GiB)\n",

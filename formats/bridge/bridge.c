@@ -4,16 +4,19 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/bridge/family.h"
 #include "formats/codec/json_text.h"
 #include "formats/codec/torch_object.h"
 #include "planner/array.h"
 #include "planner/user_file.h"
 
 #define RULES_MAX (1u << 20)
+#define CONFIG_MAX (1u << 20)
 
 static bool is(const rs_format_def *f, const char *name)
 {
@@ -26,24 +29,118 @@ static bool megatron_source(const rs_checkpoint *ck)
 	       is(ck->format, "megatron");
 }
 
-/* The family the options ask for, or NULL. */
-static const rs_family *family_of(const rs_checkpoint *ck,
-				  const rs_bridge_opts *o)
+/* Whether the options ask for a bridge from SOURCE: the table's
+ * direction, or NULL. */
+static const char *direction(const rs_checkpoint *ck, const rs_bridge_opts *o,
+			     const char **to)
 {
+	*to = o->names ? "mcore" : "hf";
 	if (o->names)
-		return rs_family_find("llama", "hf", "mcore");
+		return "hf";
 	if (is(o->view, "hf") && megatron_source(ck))
-		return rs_family_find("llama", "mcore", "hf");
-	if (is(o->view, "hf") && ck->model.family)
-		return ck->model.family;        /* the reader's (metaseq: OPT) */
+		return "mcore";
+	if (is(o->view, "hf") && ck->model.family_name)
+		return "metaseq";       /* the reader's (metaseq: OPT) */
 	return NULL;
+}
+
+/* What a config object names: its first architecture and model_type. */
+static void names_of(const cJSON *cfg, const char **arch, const char **type)
+{
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
+	const cJSON *a0 = cJSON_IsArray(a) ? cJSON_GetArrayItem(a, 0) : NULL;
+
+	*arch = cJSON_IsString(a0) ? a0->valuestring : NULL;
+	*type = cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+/* A Megatron source that does not name its family: the family whose
+ * "detect" tensors SOURCE stores, the one with the most of them. */
+static const rs_family *guess(const rs_checkpoint *ck, const rs_families *fs)
+{
+	const rs_family *best = NULL;
+	size_t most = 0;
+
+	for (size_t i = 0; i < fs->ndirs; i++) {
+		const rs_family *f = &fs->dirs[i];
+		const rs_family_info *fi = f->info;
+		bool all = true;
+
+		if (strcmp(f->from, "mcore") || strcmp(f->to, "hf") ||
+		    !fi->guessable || (best && fi->ndetect <= most))
+			continue;
+		for (size_t k = 0; k < fi->ndetect && all; k++) {
+			bool found = false;
+
+			for (size_t t = 0; t < ck->catalog.count && !found; t++) {
+				char nums[2][24];
+				int nn = 0;
+				const char *name = ck->catalog.tensors[t].name;
+
+				if (f->strip && strncmp(name, f->strip, strlen(f->strip)) == 0)
+					name += strlen(f->strip);
+				found = rs_map_match(fi->detect[k], name, false, nums, &nn);
+				nn = 0;
+				found = found || rs_map_match(fi->detect[k], name, true,
+							      nums, &nn);
+			}
+			all = found;
+		}
+		if (all) {
+			best = f;
+			most = fi->ndetect;
+		}
+	}
+	return best;
+}
+
+/* The family the options and SOURCE ask for: by the names of the user's
+ * hf_config (toward HF) or of config.json (from HF), else guessed from
+ * SOURCE's tensors.  NULL with a line in d when none fits. */
+static const rs_family *pick(const rs_checkpoint *ck, const rs_bridge_opts *o,
+			     const rs_families *fs, const cJSON *named,
+			     const char *named_path, rs_diag *d)
+{
+	const char *to, *from = direction(ck, o, &to), *arch = NULL, *type = NULL;
+	const rs_family *f;
+
+	if (strcmp(from, "metaseq") == 0) {
+		f = rs_families_find(fs, ck->model.family_name, from, to);
+		if (!f)
+			rs_diag_add(d, "%s: no family file maps %s from metaseq to hf (families: %s, in %s)",
+				    ck->dir_path, ck->model.family_name, fs->list,
+				    fs->dir);
+		return f;
+	}
+	if (named)
+		names_of(named, &arch, &type);
+	if (arch || type) {
+		f = rs_families_by_arch(fs, arch, type, from, to);
+		if (!f)
+			rs_diag_add(d, "%s: architectures %s%s%s (model_type %s) is no family this reshardfs knows (%s, in %s); add one with -o rules=FILE, a \"families\" list in the schema of those files (reshardfs(1), FAMILY FILES)",
+				    named_path, arch ? "\"" : "",
+				    arch ? arch : "not given", arch ? "\"" : "",
+				    type ? type : "not given", fs->list, fs->dir);
+		return f;
+	}
+	if (strcmp(from, "hf") == 0) {
+		rs_diag_add(d, "%s: names neither architectures nor model_type, so its family is unknown; add \"architectures\" to it",
+			    named_path);
+		return NULL;
+	}
+	f = guess(ck, fs);
+	if (!f)
+		rs_diag_add(d, "%s: no family file describes this checkpoint's tensors (families: %s, in %s); name its family in -o hf_config=FILE (\"architectures\")",
+			    ck->dir_path, fs->list, fs->dir);
+	return f;
 }
 
 int rs_bridge_wanted(const rs_checkpoint *ck, const rs_bridge_opts *o,
 		     rs_diag *d)
 {
 	if (o->names && strcmp(o->names, "mcore")) {
-		rs_diag_add(d, "-o names=%s: the names a view can take are mcore (megatron-core's, of an HF Llama)",
+		rs_diag_add(d, "-o names=%s: the names a view can take are mcore (megatron-core's, of an HF model directory of a known family)",
 			    o->names);
 		return -EINVAL;
 	}
@@ -63,7 +160,11 @@ int rs_bridge_wanted(const rs_checkpoint *ck, const rs_bridge_opts *o,
 			    o->hf_config);
 		return -EINVAL;
 	}
-	return family_of(ck, o) != NULL;
+	{
+		const char *to;
+
+		return direction(ck, o, &to) != NULL;
+	}
 }
 
 /* The user's rows for family f, from the rules file. */
@@ -113,8 +214,8 @@ static int check_tied(const rs_checkpoint *ck, const rs_family *f,
 		if (te->nfrags == to->nfrags &&
 		    memcmp(te->frags, to->frags, te->nfrags * sizeof(*te->frags)) == 0)
 			continue;
-		rs_diag_add(d, "%s: %s says the output projection is tied to the embeddings, but %s is stored apart",
-			    ck->dir_path, ck->model.from, to->name);
+		rs_diag_add(d, "%s: tie_word_embeddings is true (family %s), but %s is stored apart from the embeddings",
+			    ck->dir_path, f->name, to->name);
 		return -EINVAL;
 	}
 	return 0;
@@ -131,10 +232,14 @@ static const char pkl_dict[] = "\x80\x02}q\x00.";
 static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 			    rs_diag *d)
 {
-	size_t qkv = rs_bridge_find(ck, f,
-				    "decoder.layers.self_attention.linear_qkv.weight");
-	uint64_t layers = qkv == SIZE_MAX ? 0 : ck->catalog.tensors[qkv].shape[0];
+	uint64_t layers = 0;
 	int err = 0;
+
+	/* the layers: axis 0 of any stacked layer tensor */
+	for (size_t i = 0; i < ck->catalog.count && !layers; i++)
+		if (strncmp(ck->catalog.tensors[i].name, "decoder.layers.", 15) == 0 &&
+		    ck->catalog.tensors[i].ndim > 0)
+			layers = ck->catalog.tensors[i].shape[0];
 
 	if (rs_checkpoint_top_entry(ck, "common.pt")) {
 		rs_diag_add(d, "%s/common.pt: an HF model directory holding megatron-core's common.pt; the view writes its own",
@@ -194,46 +299,105 @@ static void hide_megatron_records(rs_checkpoint *ck)
 		common->hidden = true;
 }
 
+/* What names SOURCE's family: toward HF the user's hf_config (its text
+ * kept in ck->model.hf_config), from HF config.json; *named NULL when
+ * there is none.  *path names the file for messages. */
+static int read_named(rs_checkpoint *ck, const rs_bridge_opts *o, bool from_hf,
+		      cJSON **named, char *path, size_t size, rs_diag *d)
+{
+	char *text = NULL, why[160];
+	size_t len = 0;
+	int err;
+
+	*named = NULL;
+	if (from_hf) {
+		snprintf(path, size, "%s/config.json", ck->dir_path);
+		err = rs_checkpoint_read_file(ck, "config.json", CONFIG_MAX, &text,
+					      &len, NULL, d);
+		if (err == -ENOENT) {
+			rs_diag_add(d, "%s: missing; -o names=mcore takes an HF transformers model directory (save_pretrained's config.json and safetensors)",
+				    path);
+			return -EINVAL;
+		}
+	} else {
+		if (!o->hf_config)
+			return 0;
+		snprintf(path, size, "%s", o->hf_config);
+		text = rs_user_file_read(o->hf_config, CONFIG_MAX, "hf_config file",
+					 &len, d);
+		err = text ? 0 : -EINVAL;
+	}
+	if (err)
+		return err;
+	err = rs_json_parse_object(text, len, named, why, sizeof(why));
+	if (err == -EINVAL)
+		rs_diag_add(d, "%s: %s%s", path, why,
+			    from_hf ? "" : " (-o hf_config= takes a JSON object of config.json fields)");
+	if (!err && !from_hf) {
+		free(ck->model.hf_config);
+		ck->model.hf_config = text;
+		text = NULL;
+	}
+	free(text);
+	return err;
+}
+
 int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 {
-	const rs_family *f = family_of(ck, o);
+	const char *to, *from = direction(ck, o, &to);
+	const rs_family *f = NULL;
+	rs_families *fs = NULL;
+	cJSON *named = NULL;
+	char path[PATH_MAX + 16];
 	rs_map_dims dims = { 0 };
 	rs_map_row *rows = NULL;
+	rs_config_eval *st = NULL;
 	size_t nrows = 0;
 	int err;
 
-	if (!f)
+	if (!from)
 		return 0;
-	if (strcmp(f->from, "mcore") == 0)
-		err = rs_llama_from_mcore(ck, f, o, &dims, d);
-	else if (strcmp(f->from, "hf") == 0)
-		err = rs_llama_from_hf(ck, f, &dims, d);
-	else {
-		dims = (rs_map_dims){ ck->model.heads, ck->model.heads,
-				      ck->model.vocab, ck->model.tied };
-		err = 0;
-	}
+	err = rs_families_load(o->rules_file, &fs, d);
+	if (!err)
+		err = read_named(ck, o, strcmp(from, "hf") == 0, &named, path,
+				 sizeof(path), d);
+	if (!err && !(f = pick(ck, o, fs, named, path, d)))
+		err = -EINVAL;
+	if (!err && strcmp(from, "hf") == 0)
+		err = rs_config_from_hf(ck, f, named, path, &dims, d);
+	else if (!err)
+		err = rs_config_to_hf(ck, f, o, &dims, &st, d);
 	if (!err)
 		err = check_tied(ck, f, &dims, d);
 	if (!err)
 		err = user_rows(o, f, &rows, &nrows, d);
 	if (!err)
 		err = rs_remap(ck, f, rows, nrows, o->rules_file, &dims, d);
-	if (!err && strcmp(f->from, "mcore") == 0)
-		err = rs_llama_check_mcore(ck, o, d);
-	if (!err && strcmp(f->to, "mcore") == 0) {
-		size_t e = rs_bridge_find(ck, f, "embedding.word_embeddings.weight");
+	if (!err && st) {
+		err = rs_config_to_hf_finish(st, d);
+		st = NULL;
+	}
+	rs_config_eval_free(st);
+	if (!err && strcmp(to, "mcore") == 0) {
+		size_t e = f->info->eco[0].embed
+				   ? rs_bridge_find(ck, f, f->info->eco[0].embed)
+				   : SIZE_MAX;
 
 		/* the true vocab: the embedding rows HF stores */
 		if (e != SIZE_MAX && ck->catalog.tensors[e].ndim == 2)
 			ck->model.vocab = ck->catalog.tensors[e].shape[0];
-	}
-	if (!err && strcmp(f->to, "mcore") == 0)
 		err = make_mcore_files(ck, f, d);
-	if (!err && strcmp(f->from, "mcore") == 0)
+	}
+	if (!err && strcmp(from, "mcore") == 0)
 		hide_megatron_records(ck);
-	if (!err && strcmp(f->to, "hf") == 0)
-		ck->model.family = f;
+	cJSON_Delete(named);
 	rs_bridge_rows_free(rows, nrows);
-	return err;
+	if (err) {
+		rs_families_free(fs);
+		return err;
+	}
+	ck->model.family = f;
+	rs_families_free(ck->model.families);
+	ck->model.families = fs;
+	return 0;
 }

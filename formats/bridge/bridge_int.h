@@ -66,18 +66,33 @@ int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
 bool rs_map_match(const char *pat, const char *name, bool stacked,
 		  char nums[2][24], int *nnums);
 
+/* Row object o (the k-th of file path, for messages) into *r: its
+ * "target", "op", "sources" and "when" (formats/bridge/rows.c). */
+struct cJSON;
+int rs_bridge_row_parse(const struct cJSON *o, const char *path, size_t k,
+			rs_map_row *r, rs_diag *d);
+
 /* The index of tensor `name` in ck's catalog (also under the family's
  * strip prefix), or SIZE_MAX. */
 size_t rs_bridge_find(const rs_checkpoint *ck, const rs_family *f,
 		      const char *name);
 
-/* The Llama facts (formats/bridge/llama.c) into ck->model and dims. */
-int rs_llama_from_mcore(rs_checkpoint *ck, const rs_family *f,
-			const rs_bridge_opts *o, rs_map_dims *dims,
-			rs_diag *d);
-int rs_llama_check_mcore(rs_checkpoint *ck, const rs_bridge_opts *o,
-			 rs_diag *d);
-int rs_llama_from_hf(rs_checkpoint *ck, const rs_family *f,
-		     rs_map_dims *dims, rs_diag *d);
+/* The family's config facts (formats/bridge/config.c).  Toward HF:
+ * rs_config_to_hf before the remap (the records' and the user's facts,
+ * the family's checks, the ops' dims), rs_config_to_hf_finish after it
+ * (the shapes' facts, ck->model.hf_config_out and fact_lines), with
+ * the state the first left in *st (which the caller must hand to the
+ * second, or free).  From HF:
+ * SOURCE's config.json `cfg` (file `path`) against the family. */
+typedef struct rs_config_eval rs_config_eval;
+int rs_config_to_hf(rs_checkpoint *ck, const rs_family *f,
+		    const rs_bridge_opts *o, rs_map_dims *dims,
+		    rs_config_eval **st, rs_diag *d);
+/* Frees st, whatever it returns. */
+int rs_config_to_hf_finish(rs_config_eval *st, rs_diag *d);
+void rs_config_eval_free(rs_config_eval *st);
+int rs_config_from_hf(rs_checkpoint *ck, const rs_family *f,
+		      const struct cJSON *cfg, const char *path,
+		      rs_map_dims *dims, rs_diag *d);
 
 #endif

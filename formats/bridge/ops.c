@@ -92,6 +92,42 @@ static int qkv_fuse(rs_map_job *j)
 	return 0;
 }
 
+/* Between megatron's groups [q (H/G heads); k; v] x G and one flat
+ * [q (H heads); k (G); v (G)]: the same 3G pieces, one way or back. */
+static int qkv_flat(rs_map_job *j, bool to_flat)
+{
+	uint64_t rows = j->shape[0][0], h = j->dims->heads, g = j->dims->groups;
+	uint64_t d, q;
+	int err = need(j, h && g, "the head and query group counts are unknown");
+
+	if (!err && (h % g || rows % (h + 2 * g))) {
+		snprintf(j->why, sizeof(j->why), "its %llu rows are not %llu query heads and %llu k and v heads each (num_attention_heads %llu, num_key_value_heads %llu)",
+			 (unsigned long long)rows, (unsigned long long)h,
+			 (unsigned long long)g, (unsigned long long)h,
+			 (unsigned long long)g);
+		err = -EINVAL;
+	}
+	if (err)
+		return err;
+	d = rows / (h + 2 * g);
+	q = h / g * d;
+	for (uint64_t i = 0; i < g; i++) {
+		uint64_t grp = i * (q + 2 * d);         /* megatron's rows */
+		uint64_t fq = i * q, fk = h * d + i * d, fv = (h + g) * d + i * d;
+
+		if (to_flat) {
+			add(j, 0, grp, grp + q, fq);
+			add(j, 0, grp + q, grp + q + d, fk);
+			add(j, 0, grp + q + d, grp + q + 2 * d, fv);
+		} else {
+			add(j, 0, fq, fq + q, grp);
+			add(j, 0, fk, fk + d, grp + q);
+			add(j, 0, fv, fv + d, grp + q + d);
+		}
+	}
+	return 0;
+}
+
 int rs_map_run(rs_map_job *j)
 {
 	uint64_t rows = j->ndim[0] ? j->shape[0][0] : 0;
@@ -101,7 +137,8 @@ int rs_map_run(rs_map_job *j)
 	for (int k = 0; k < j->nsrc; k++)
 		if (j->ndim[k] < 1 && j->op != RS_MAP_SAME)
 			return need(j, false, "a source has no rows");
-	if (j->op >= RS_MAP_QKV_Q && j->op <= RS_MAP_FUSE_QKV)
+	if ((j->op >= RS_MAP_QKV_Q && j->op <= RS_MAP_FUSE_QKV) ||
+	    j->op == RS_MAP_QKV_FLAT || j->op == RS_MAP_FLAT_QKV)
 		cap = 3 * (size_t)(j->dims->groups ? j->dims->groups : 1);
 	j->pcs = calloc(cap, sizeof(*j->pcs));
 	if (!j->pcs)
@@ -133,6 +170,9 @@ int rs_map_run(rs_map_job *j)
 			j->out_shape[0] = rows + j->shape[1][0];
 		}
 		return err;
+	case RS_MAP_QKV_FLAT:
+	case RS_MAP_FLAT_QKV:
+		return qkv_flat(j, j->op == RS_MAP_QKV_FLAT);
 	case RS_MAP_VOCAB:
 		err = need(j, j->dims->vocab && j->dims->vocab <= rows,
 			   "the true vocab size is unknown or above its rows");

@@ -314,6 +314,8 @@ typedef struct {
 	rs_catalog out;
 	name_set made;
 	bool *taken, *dropped;
+	unsigned *tier;                 /* the lowest tier of a built-in row
+					 * that took each tensor */
 } remap_ctx;
 
 static bool user_row(const remap_ctx *c, const rs_map_row *r)
@@ -673,7 +675,7 @@ static int apply_row(remap_ctx *c, const rs_map_row *r)
 		int nn = 0, err;
 		bool stacked = false;
 
-		if (c->dropped[i])
+		if (c->dropped[i] || (!user_row(c, r) && c->tier[i] < r->tier))
 			continue;
 		if (!rs_map_match(r->from[0], name, false, nums, &nn)) {
 			nn = 0;
@@ -683,6 +685,8 @@ static int apply_row(remap_ctx *c, const rs_map_row *r)
 			stacked = true;
 		}
 		c->taken[i] = true;
+		if (!user_row(c, r) && r->tier < c->tier[i])
+			c->tier[i] = r->tier;
 		if (!r->to) {
 			c->dropped[i] = true;
 			continue;
@@ -699,17 +703,20 @@ int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
 	     rs_diag *d)
 {
 	remap_ctx c = { ck, f, dims, d, user, nuser, user_path, { 0 }, { 0 },
-			NULL, NULL };
+			NULL, NULL, NULL };
 	size_t n = ck->catalog.count, missing = 0;
 	int err = 0;
 
 	rs_catalog_init(&c.out);
 	c.taken = calloc(n + 1, sizeof(bool));
 	c.dropped = calloc(n + 1, sizeof(bool));
-	if (!c.taken || !c.dropped) {
+	c.tier = malloc((n + 1) * sizeof(unsigned));
+	if (!c.taken || !c.dropped || !c.tier) {
 		err = -ENOMEM;
 		goto out;
 	}
+	for (size_t i = 0; i < n; i++)
+		c.tier[i] = ~0u;
 	for (size_t i = 0; i < nuser && !err; i++)
 		err = apply_row(&c, &user[i]);
 	for (const rs_map_row *r = f->rows; r->from[0] && !err; r++)
@@ -735,5 +742,6 @@ out:
 	set_free(&c.made);
 	free(c.taken);
 	free(c.dropped);
+	free(c.tier);
 	return err;
 }

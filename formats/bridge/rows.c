@@ -35,8 +35,8 @@ static bool pattern_ok(const char *s)
 	return true;
 }
 
-static int parse_row(const cJSON *o, const char *path, size_t k,
-		     rs_map_row *r, rs_diag *d)
+int rs_bridge_row_parse(const cJSON *o, const char *path, size_t k,
+			rs_map_row *r, rs_diag *d)
 {
 	const cJSON *target = cJSON_GetObjectItemCaseSensitive(o, "target");
 	const cJSON *src = cJSON_GetObjectItemCaseSensitive(o, "sources");
@@ -46,7 +46,7 @@ static int parse_row(const cJSON *o, const char *path, size_t k,
 
 	memset(r, 0, sizeof(*r));
 	if (opn < 0) {
-		rs_diag_add(d, "%s: names row %zu: \"op\" must be same, qkv_q, qkv_k, qkv_v, fuse_qkv, half_0, half_1, cat or vocab",
+		rs_diag_add(d, "%s: names row %zu: \"op\" must be same, qkv_q, qkv_k, qkv_v, fuse_qkv, qkv_flat, flat_qkv, half_0, half_1, cat or vocab",
 			    path, k);
 		return -EINVAL;
 	}
@@ -138,7 +138,7 @@ int rs_bridge_rows_parse(const cJSON *root, const rs_family *f,
 			k++;
 			continue;
 		}
-		err = parse_row(o, path, k++, &(*rows)[*n], d);
+		err = rs_bridge_row_parse(o, path, k++, &(*rows)[*n], d);
 		(*n)++;
 		if (err)
 			break;

@@ -474,7 +474,7 @@ static void model_config(rs_checkpoint *ck, const ms_file *f0)
 		return;
 	}
 	ck->model = c->m;
-	ck->model.family = rs_family_find("opt", "metaseq", "hf");
+	ck->model.family_name = "opt";   /* share/reshardfs/families/opt.json */
 	for (size_t i = 0; i < ck->catalog.count; i++) {
 		const rs_tensor *t = &ck->catalog.tensors[i];
 
@@ -524,7 +524,7 @@ int rs_metaseq_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 		files[0].state = NULL;
 		st->fused_qkv = holds_qkv(&files[0], params.present ? &params
 								    : &derived);
-		st->tied = ck->model.family ? ck->model.tied : holds_tied(ck);
+		st->tied = ck->model.family_name ? ck->model.tied : holds_tied(ck);
 		ck->extra = st;
 		ck->extra_free = ms_state_free;
 	}

@@ -240,9 +240,11 @@ def set_args(d, changes, ranks=RANKS):
 
 @pytest.mark.parametrize("changes,needles", [
     ({"position_embedding_type": "learned_absolute"},
-     ["position_embedding_type learned_absolute", "RoPE"]),
+     ['position_embedding_type is "learned_absolute"', "llama.json",
+      '["rope"]']),
     ({"normalization": "LayerNormWithAVeryLongName"},
-     ["normalization LayerNormWithAVeryLongName", "RMSNorm"]),
+     ['normalization is "LayerNormWithAVeryLongName"', "llama.json",
+      '["RMSNorm"]']),
 ])
 def test_long_args_strings_checked(legacy, failing_mount, changes, needles):
     """16 bytes or more no longer read as unknown (which passed the Llama

@@ -10,6 +10,24 @@
 #include "formats/bridge/bridge_int.h"
 #include "tests/unit/hf_llama_catalog.h"
 #include "tests/unit/check.h"
+#include "formats/bridge/family.h"
+
+
+/* The built-in family files (share/reshardfs/families/), loaded once. */
+static const rs_family *family_find(const char *name, const char *from,
+				    const char *to)
+{
+	static rs_families *fs;
+
+	if (!fs) {
+		rs_diag *d = rs_diag_new();
+
+		if (!d || rs_families_load(NULL, &fs, d))
+			abort();
+		rs_diag_free(d);
+	}
+	return rs_families_find(fs, name, from, to);
+}
 
 static bool match(const char *pat, const char *name, bool stacked,
 		  const char *n0, const char *n1)
@@ -153,8 +171,8 @@ static void test_round_trip(void)
 	rs_checkpoint ck;
 	rs_catalog orig;
 	rs_diag *d = rs_diag_new();
-	const rs_family *to_m = rs_family_find("llama", "hf", "mcore");
-	const rs_family *to_h = rs_family_find("llama", "mcore", "hf");
+	const rs_family *to_m = family_find("llama", "hf", "mcore");
+	const rs_family *to_h = family_find("llama", "mcore", "hf");
 	rs_map_dims dims = { H, G, V, false };
 	const rs_tensor *qkv, *fc1;
 
@@ -189,10 +207,10 @@ static void test_refusals(void)
 {
 	rs_checkpoint ck;
 	rs_diag *d = rs_diag_new();
-	const rs_family *to_m = rs_family_find("llama", "hf", "mcore");
+	const rs_family *to_m = family_find("llama", "hf", "mcore");
 	rs_map_dims dims = { H, G, 0, false }, odd = { 3, 1, 0, false };
 	static const rs_map_row user[] = {
-		{ NULL, RS_MAP_SAME, { "model.extra.*" }, RS_WHEN_ALWAYS },
+		{ NULL, RS_MAP_SAME, { "model.extra.*" }, RS_WHEN_ALWAYS, 0 },
 	};
 
 	memset(&ck, 0, sizeof(ck));
@@ -227,7 +245,7 @@ static void test_drop_stacked(void)
 	static const rs_map_row drop[] = {
 		{ NULL, RS_MAP_SAME,
 		  { "decoder.layers.#.self_attention.linear_qkv.layer_norm_weight" },
-		  RS_WHEN_ALWAYS },
+		  RS_WHEN_ALWAYS, 0 },
 	};
 	rs_checkpoint ck;
 	rs_diag *d = rs_diag_new();
@@ -237,9 +255,9 @@ static void test_drop_stacked(void)
 	ck.dir_path = "ckpt";
 	rs_catalog_init(&ck.catalog);
 	hf_llama(&ck.catalog);
-	CHECK(rs_remap(&ck, rs_family_find("llama", "hf", "mcore"), NULL, 0,
+	CHECK(rs_remap(&ck, family_find("llama", "hf", "mcore"), NULL, 0,
 		       "rules.json", &dims, d) == 0);
-	CHECK(rs_remap(&ck, rs_family_find("llama", "mcore", "hf"), drop, 1,
+	CHECK(rs_remap(&ck, family_find("llama", "mcore", "hf"), drop, 1,
 		       "rules.json", &dims, d) == 0);
 	CHECK(find(&ck.catalog, "model.layers.0.input_layernorm.weight") == NULL);
 	CHECK(find(&ck.catalog, "model.layers.0.post_attention_layernorm.weight") != NULL);
