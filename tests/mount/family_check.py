@@ -108,9 +108,10 @@ def moe_pattern(cfg):
     return [0] * L
 
 
-def settings(cfg):
+def settings(cfg, strict=True):
     """(TransformerConfig fields, GPTModel fields) for the HF config, or
-    NotExpressible with every reason megatron-core 0.15.3 cannot build it."""
+    NotExpressible with every reason megatron-core 0.15.3 cannot build it
+    (strict False: the nearest model, the reasons ignored)."""
     fam = family_of(cfg)
     H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     ng = cfg.get("num_key_value_heads") or nh
@@ -187,12 +188,12 @@ def settings(cfg):
                           cfg["n_shared_experts"] * cfg["moe_intermediate_size"]))
         if fam == "mixtral" and cfg.get("router_jitter_noise"):
             why.append("router_jitter_noise")
-    if why:
+    if why and strict:
         raise NotExpressible(f"{fam}: " + "; ".join(why))
     return tc, gpt
 
 
-def build(cfg, tp, ep, seed=99, vocab_divisor=128):
+def build(cfg, tp, ep, seed=99, vocab_divisor=128, strict=True):
     """The GPTModel (local spec, float32, CPU) of the HF config at tp/ep."""
     import torch
     import torch.nn.functional as F
@@ -200,7 +201,7 @@ def build(cfg, tp, ep, seed=99, vocab_divisor=128):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer import TransformerConfig
 
-    tc, gpt = settings(cfg)
+    tc, gpt = settings(cfg, strict)
     torch.manual_seed(seed)
     config = TransformerConfig(
         **tc, gated_linear_unit=True, activation_func=F.silu,
@@ -259,6 +260,36 @@ def megatron_lm_args(cfg, tp, ep, fmt):
         if k in tc:
             setattr(a, k, tc[k])
     return a
+
+
+COMMON = ("args", "checkpoint_version", "iteration",
+          "num_floating_point_operations_so_far", "rng_state",
+          "opt_param_scheduler", "content_metadata")
+
+
+def check_args(args, cfg):
+    """A view's args, where it has them, must say what megatron_lm_args
+    says for the fields a converter reads (tp/ep and the vocab padding
+    may differ: the view's layout is its own)."""
+    want = megatron_lm_args(cfg, 1, 1, "torch_dist")
+    skip = {"tensor_model_parallel_size", "expert_model_parallel_size",
+            "expert_tensor_parallel_size", "padded_vocab_size", "ckpt_format",
+            "params_dtype", "bf16", "fp16", "use_dist_ckpt", "iteration",
+            "max_position_embeddings", "seq_length",
+            "make_vocab_size_divisible_by", "moe_token_dispatcher_type",
+            "moe_grouped_gemm", "moe_router_load_balancing_type",
+            "moe_aux_loss_coeff", "virtual_pipeline_model_parallel_size",
+            "pipeline_model_parallel_size"}
+    a = vars(args) if not isinstance(args, dict) else args
+    for k, w in vars(want).items():
+        if k in skip or k not in a:
+            continue
+        g = a[k]
+        if k == "moe_layer_freq" and isinstance(g, int) and isinstance(w, list):
+            g = [1 if i % g == 0 else 0 for i in range(len(w))]
+        assert g == w or (isinstance(w, float) and isinstance(g, (int, float))
+                          and abs(g - w) <= 1e-12 * max(1.0, abs(w))), \
+            f"args.{k} = {g!r}, want {w!r}"
 
 
 # ------------------------------------------------------------- the tensors
@@ -476,7 +507,8 @@ def _worker(rank, world, port, job, result):
     V = cfg["vocab_size"]
     divisor = job.get("divisor", 128)
     padded = mm.pad_vocab(V, tp, divisor)
-    model = build(cfg, tp, ep, seed=99 + rank, vocab_divisor=divisor)
+    model = build(cfg, tp, ep, seed=99 + rank, vocab_divisor=divisor,
+                  strict=job["mode"] != "keys")
     msg = None
     if job["mode"] == "keys":
         if rank == 0:
@@ -495,6 +527,10 @@ def _worker(rank, world, port, job, result):
             loaded = dist_checkpointing.load(
                 model.sharded_state_dict(prefix=""), mnt,
                 sharded_strategy=strategy, strict=StrictHandling.RAISE_ALL)
+            # the common state Megatron-LM saves beside the model
+            common = {k: loaded.pop(k) for k in COMMON if k in loaded}
+            if "args" in common:
+                check_args(common["args"], cfg)
             missing, unexpected = model.load_state_dict(loaded, strict=False)
             bad = [k for k in missing if not k.endswith("_extra_state")]
             assert not bad and not unexpected, (bad, unexpected)
