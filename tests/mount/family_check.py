@@ -163,8 +163,21 @@ def settings(cfg, strict=True):
         if cfg.get(k) is not None and cfg.get("use_sliding_window", True):
             why.append(f"{k} {cfg[k]} (the local spec has no window)")
     if fam == "deepseek_v3":
-        why.append("multi-latent attention: not mapped here (the oracle "
-                   "does the HF side only)")
+        # multi-latent attention: megatron's MLA always reads the rope part
+        # of q and k interleaved (rope_utils: x[0::2], x[1::2]) = HF's
+        # rope_interleave True; its q/kv layernorms come with qk_layernorm
+        if not cfg.get("rope_interleave", True):
+            why.append("rope_interleave False (megatron's MLA de-interleaves "
+                       "the rope dims; the rows would need permuting)")
+        if not cfg.get("q_lora_rank"):
+            why.append("q_lora_rank None (linear_q_proj: not mapped here)")
+        tc.update(multi_latent_attention=True, qk_layernorm=True,
+                  q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
+                  qk_head_dim=cfg["qk_nope_head_dim"],
+                  qk_pos_emb_head_dim=cfg["qk_rope_head_dim"],
+                  v_head_dim=cfg["v_head_dim"], rope_type="rope",
+                  rotary_base=cfg["rope_theta"])
+        tc.pop("kv_channels")
     if fam in MOE_FAMILIES:
         E = num_experts(cfg)
         pat = moe_pattern(cfg)
@@ -203,6 +216,9 @@ def build(cfg, tp, ep, seed=99, vocab_divisor=128, strict=True):
 
     tc, gpt = settings(cfg, strict)
     torch.manual_seed(seed)
+    if tc.get("multi_latent_attention"):
+        from megatron.core.transformer.transformer_config import (
+            MLATransformerConfig as TransformerConfig)
     config = TransformerConfig(
         **tc, gated_linear_unit=True, activation_func=F.silu,
         normalization="RMSNorm", add_bias_linear=False,
@@ -216,10 +232,36 @@ def build(cfg, tp, ep, seed=99, vocab_divisor=128, strict=True):
         persist_layer_norm=False)
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                       normalization="RMSNorm")
+    if tc.get("multi_latent_attention"):
+        for ls in spec.layer_specs:
+            ls.submodules.self_attention.submodules.core_attention = \
+                mla_core_attention()
     return GPTModel(config=config, transformer_layer_spec=spec,
                     vocab_size=mm.pad_vocab(cfg["vocab_size"], tp, vocab_divisor),
                     max_sequence_length=MAX_SEQ, pre_process=True,
                     post_process=True, position_embedding_type="rope", **gpt)
+
+
+def mla_core_attention():
+    """The local spec's DotProductAttention for MLA.  megatron-core 0.15.3
+    cannot build MLA on the local spec as it is: MLASelfAttention passes
+    k_channels and v_channels (q/k head dim nope+rope != v head dim),
+    which only TEDotProductAttention takes.  The local module reshapes q,
+    k and v with -1 and only sizes its output by kv_channels, so this
+    subclass takes the two and sizes the output by v_channels."""
+    from megatron.core.transformer.dot_product_attention import (
+        DotProductAttention)
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kw):
+            # (Attention.__init__ builds one without them first; MLA's
+            # __init__ then builds the one it keeps)
+            super().__init__(*args, **kw)
+            if v_channels is not None:
+                self.hidden_size_per_partition = \
+                    v_channels * self.num_attention_heads_per_partition
+
+    return MLADotProductAttention
 
 
 def megatron_lm_args(cfg, tp, ep, fmt):
@@ -233,7 +275,8 @@ def megatron_lm_args(cfg, tp, ep, fmt):
         ffn_hidden_size=tc["ffn_hidden_size"],
         num_attention_heads=tc["num_attention_heads"],
         group_query_attention=tc["num_query_groups"] != tc["num_attention_heads"],
-        num_query_groups=tc["num_query_groups"], kv_channels=tc["kv_channels"],
+        num_query_groups=tc["num_query_groups"],
+        kv_channels=tc.get("kv_channels", tc["hidden_size"] // tc["num_attention_heads"]),
         norm_epsilon=tc["layernorm_epsilon"], rotary_base=gpt["rotary_base"],
         rotary_percent=gpt["rotary_percent"], rotary_interleaved=False,
         use_rope_scaling=gpt["rope_scaling"],
@@ -256,7 +299,9 @@ def megatron_lm_args(cfg, tp, ep, fmt):
               "moe_router_score_function", "moe_router_enable_expert_bias",
               "moe_router_num_groups", "moe_router_group_topk",
               "moe_router_topk_scaling_factor",
-              "moe_shared_expert_intermediate_size"):
+              "moe_shared_expert_intermediate_size", "multi_latent_attention",
+              "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+              "v_head_dim", "rope_type"):
         if k in tc:
             setattr(a, k, tc[k])
     return a
@@ -357,12 +402,23 @@ def mcore_from_hf(hf, cfg, padded):
     for i in range(cfg["num_hidden_layers"]):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         a = h + "self_attn."
-        if fam == "phi3":
+        if fam == "deepseek_v3":
+            # MLA: same row orders (q_b rows per head [nope; rope], kv_a
+            # rows [kv_lora; rope], kv_b rows per head [k nope; v])
+            sa = m + "self_attention."
+            out[sa + "linear_q_down_proj.weight"] = hf[a + "q_a_proj.weight"]
+            out[sa + "q_layernorm.weight"] = hf[a + "q_a_layernorm.weight"]
+            out[sa + "linear_q_up_proj.weight"] = hf[a + "q_b_proj.weight"]
+            out[sa + "linear_kv_down_proj.weight"] = hf[a + "kv_a_proj_with_mqa.weight"]
+            out[sa + "kv_layernorm.weight"] = hf[a + "kv_a_layernorm.weight"]
+            out[sa + "linear_kv_up_proj.weight"] = hf[a + "kv_b_proj.weight"]
+        elif fam == "phi3":
             q, k, v = np.split(hf[a + "qkv_proj.weight"],
                                [nh * d, nh * d + ng * d], axis=0)
         else:
             q, k, v = (hf[a + f"{x}_proj.weight"] for x in "qkv")
-        out[m + "self_attention.linear_qkv.weight"] = interleave(q, k, v)
+        if fam != "deepseek_v3":
+            out[m + "self_attention.linear_qkv.weight"] = interleave(q, k, v)
         if a + "q_proj.bias" in hf:
             out[m + "self_attention.linear_qkv.bias"] = interleave(
                 *(hf[a + f"{x}_proj.bias"] for x in "qkv"))
@@ -416,7 +472,9 @@ def local_state(full, ranks, E):
                 continue
             k = f"{m.group(1)}{g - ranks['ep_rank'] * L}{m.group(3)}"
             out[k] = lc.rank_part(k, v, ranks["etp_rank"], ranks["etp"])
-        elif k.endswith("linear_qkv.bias"):
+        elif k.endswith(("linear_qkv.bias", "linear_q_down_proj.weight",
+                         "linear_q_up_proj.weight", "linear_kv_down_proj.weight",
+                         "linear_kv_up_proj.weight")):
             out[k] = np.split(v, ranks["tp"], axis=0)[ranks["tp_rank"]]
         else:
             out[k] = lc.rank_part(k, v, ranks["tp_rank"], ranks["tp"])
