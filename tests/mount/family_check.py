@@ -39,7 +39,10 @@ the first difference (exit status 1 with the reason); "ok" on success.
         The harness checked without reshardfs: make_hf_family's FAMILY
         model, mapped by hand (mcore_from_hf) into megatron-core at TP, EP
         (default 1 1): its logits must equal transformers'.  Families
-        megatron-core 0.15.3 cannot express fail with the reason.
+        megatron-core 0.15.3 cannot express (olmoe: q/k norm over all
+        heads) fail with the reason.  deepseek_v3 runs MLA on the local
+        spec through mla_core_attention() (megatron-core's local
+        DotProductAttention does not take MLA's k/v channels).
 
     family_check.py keys FAMILY [TP EP]
         Prints model.sharded_state_dict()'s keys, global shapes and
@@ -161,7 +164,10 @@ def settings(cfg, strict=True):
         gpt["rotary_percent"] = prf        # megatron rotates the first part too
     for k in ("sliding_window",):
         if cfg.get(k) is not None and cfg.get("use_sliding_window", True):
-            why.append(f"{k} {cfg[k]} (the local spec has no window)")
+            why.append(f"{k} {cfg[k]} (TransformerConfig.window_size is not "
+                       "mapped here: the local spec builds its window mask "
+                       "on 'cuda' (transformer/utils.py "
+                       "get_sliding_window_causal_mask), so not on the CPU)")
     if fam == "deepseek_v3":
         # multi-latent attention: megatron's MLA always reads the rope part
         # of q and k interleaved (rope_utils: x[0::2], x[1::2]) = HF's
