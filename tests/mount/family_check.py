@@ -34,6 +34,9 @@ the first difference (exit status 1 with the reason); "ok" on success.
         family fields must equal the oracle's; from_pretrained strict (no
         missing, unexpected or mismatched keys); every tensor equal to
         hf_state.npz; float32 logits within tolerance of megatron-core's.
+        A view with transformers 5's packed experts (which 4.57 cannot
+        from_pretrained) is checked unpacked: the model from its
+        config.json, load_state_dict(strict=True).
 
     family_check.py selftest FAMILY [TP EP]
         The harness checked without reshardfs: make_hf_family's FAMILY
@@ -776,12 +779,26 @@ def check_hf(mnt, odir):
             assert g == w, (k, g, w)
     want = dict(np.load(odir / "hf_state.npz"))
     got = {k: v[1] for k, v in lc.view_tensors(mnt).items()}
-    got = unpack_experts(got, cfg) if any(
-        k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in got) else got
+    packed = any(k.endswith(("experts.gate_up_proj", "experts.down_proj"))
+                 for k in got)
+    if packed:
+        got = unpack_experts(got, cfg)
     assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
     for k in want:
         lc.same(got[k], want[k], k)
-    model = from_pretrained_strict(AutoModelForCausalLM, mnt, dtype=torch.float32)
+    if packed:
+        # transformers 4.57 cannot from_pretrained transformers 5's packed
+        # experts: the model from config.json, the tensors unpacked
+        from transformers import AutoConfig
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(mnt), dtype=torch.float32)
+        sd = {k: torch.from_numpy(v) for k, v in got.items()}
+        if "lm_head.weight" not in sd and cfg.get("tie_word_embeddings"):
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        model.load_state_dict(sd, strict=True)
+    else:
+        model = from_pretrained_strict(AutoModelForCausalLM, mnt,
+                                       dtype=torch.float32)
     assert type(model).__name__ == want_cfg["architectures"][0], type(model)
     model.eval()
     tokens = torch.from_numpy(np.load(odir / "tokens.npy"))
@@ -790,7 +807,9 @@ def check_hf(mnt, odir):
     V = want_cfg["vocab_size"]
     err = lc.close(logits, np.load(odir / "logits.npy")[..., :V],
                    "transformers vs megatron-core")
-    print(f"hf {meta['family']}: {len(want)} tensors exact, logits within {err:.2e}")
+    print(f"hf {meta['family']}: {len(want)} tensors exact"
+          f"{' (packed experts, loaded unpacked)' if packed else ''}, "
+          f"logits within {err:.2e}")
 
 
 def main(cmd, *args):
