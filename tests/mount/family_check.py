@@ -725,10 +725,13 @@ def save(argv):
     if os.path.exists(out) and os.listdir(out):
         ap.error(f"{out} exists and is not empty")
     oracle = Path(os.path.abspath(a.oracle or out + ".oracle"))
+    try:
+        settings(json.loads(mhf.family_config(a.family, a.tied).to_json_string()))
+    except NotExpressible as e:
+        ap.error(f"megatron-core 0.15.3 cannot express it: {e}")
     with tempfile.TemporaryDirectory() as tmp:
         hfdir = Path(tmp) / a.family
         cfg = hf_model(a.family, hfdir, a.seed, a.tied)
-        settings(cfg)
         oracle.mkdir(parents=True, exist_ok=True)
         print(spawn(dict(mode="save", cfg=cfg, tp=a.tp, ep=a.ep,
                          hfdir=str(hfdir), oracle_in=str(hfdir) + ".oracle",
