@@ -39,8 +39,16 @@
 #include "planner/dtype.h"
 
 /* A row applies always, or only to models with (TIED) or without
- * (UNTIED) an output projection tied to the embeddings. */
-typedef enum { RS_WHEN_ALWAYS = 0, RS_WHEN_TIED, RS_WHEN_UNTIED } rs_when;
+ * (UNTIED) an output projection tied to the embeddings, or only to an hf
+ * view of packed experts (-o hf_experts=packed) or of per-expert ones
+ * (the default). */
+typedef enum {
+	RS_WHEN_ALWAYS = 0,
+	RS_WHEN_TIED,
+	RS_WHEN_UNTIED,
+	RS_WHEN_PACKED,
+	RS_WHEN_PER_EXPERT,
+} rs_when;
 
 /* How a target tensor is made of its sources' rows (axis 0 after the
  * layer axis).  H heads, G query groups, d = rows per head:

@@ -124,7 +124,8 @@ static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
 		  rs_diag *d, char *summary, size_t size)
 {
 	rs_bridge_opts bo = { fs->view_format, o->names, o->hf_config,
-			      o->rules, o->layout.vocab_size };
+			      o->rules, o->layout.vocab_size,
+			      o->hf_experts && strcmp(o->hf_experts, "packed") == 0 };
 	int err = rs_bridge_wanted(&fs->ck, &bo, d);
 
 	if (err > 0)

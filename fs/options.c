@@ -353,6 +353,12 @@ int rs_options_validate(rs_options *o)
 			bad = -1;
 		}
 	}
+	if (o->hf_experts && strcmp(o->hf_experts, "per_expert") &&
+	    strcmp(o->hf_experts, "packed")) {
+		fprintf(stderr, "reshardfs: -o hf_experts=%s: must be per_expert or packed\n",
+			o->hf_experts);
+		return -EINVAL;
+	}
 	if (o->experts_s) {
 		if (strcmp(o->experts_s, "sequential") == 0)
 			o->layout.expert_keys = RS_EXPERT_KEYS_SEQUENTIAL;

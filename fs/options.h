@@ -78,13 +78,19 @@
 	  "metaseq state dicts per model part) (default:\n"                  \
 	  "the source's own; safetensors for metaseq shards)")                \
 	X(STR, "names", names, "ECO",                                         \
-	  "mcore: an HF Llama directory under megatron-core\n"               \
-	  "GPTModel names (format=torch_dist, the default,\n"               \
-	  "or zarr; at any tp)")                                              \
+	  "mcore: an HF model directory of a known family\n"                \
+	  "under megatron-core GPTModel names (format=\n"                    \
+	  "torch_dist, the default, or zarr; at any tp, ep)")                \
 	X(STR, "hf_config", hf_config, "FILE",                                \
-	  "JSON of LlamaConfig fields for format=hf of a\n"                 \
+	  "JSON of config.json fields for format=hf of a\n"                 \
 	  "Megatron checkpoint: what its args do not record\n"              \
-	  "(checked against them and the shapes)")                            \
+	  "(checked against them and the shapes); its\n"                    \
+	  "architectures name the family")                                    \
+	X(STR, "hf_experts", hf_experts, "FORM",                              \
+	  "format=hf of an MoE model: per_expert (default:\n"               \
+	  "experts.<e>.gate_proj..., as save_pretrained,\n"                \
+	  "the Hub and vLLM) or packed (transformers 5's\n"                 \
+	  "experts.gate_up_proj [E, 2F, H])")                                  \
 	X(STR, "shard_size", shard_size_s, "SIZE",                            \
 	  "format=hf: the most weight bytes per safetensors\n"              \
 	  "file before HF's sharded form (default\n"                        \

@@ -227,10 +227,35 @@ static const char pkl_list_none[] = "\x80\x02]q\x00Na.";
 static const char pkl_dict[] = "\x80\x02}q\x00.";
 
 /* megatron-core's view of a model: the objects its strict load asks for
- * (family f's, None in every layer), and a common.pt holding the empty
- * common state that dist_checkpointing.load reads first. */
+ * (family f's, None in every layer - and in every expert, for a pattern
+ * with a second "#."), and a common.pt holding the empty common state
+ * that dist_checkpointing.load reads first. */
+static int add_object(rs_checkpoint *ck, const char *key, const char *shard)
+{
+	rs_blob *b;
+	int err = rs_array_reserve(&ck->blobs, &ck->cap_blobs, ck->nblobs + 1,
+				   sizeof(*b));
+
+	if (err)
+		return err;
+	b = &ck->blobs[ck->nblobs];
+	memset(b, 0, sizeof(*b));
+	if (asprintf(&b->fqn, "%s/shard_%s", key, shard) < 0) {
+		b->fqn = NULL;
+		return -ENOMEM;
+	}
+	ck->nblobs++;
+	err = rs_torch_object_make(pkl_none, sizeof(pkl_none) - 1,
+				   &b->made[0], &b->made_len[0]);
+	if (!err)
+		err = rs_torch_object_make(pkl_list_none,
+					   sizeof(pkl_list_none) - 1,
+					   &b->made[1], &b->made_len[1]);
+	return err;
+}
+
 static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
-			    rs_diag *d)
+			    const rs_map_dims *dims, rs_diag *d)
 {
 	uint64_t layers = 0;
 	int err = 0;
@@ -240,7 +265,6 @@ static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 		if (strncmp(ck->catalog.tensors[i].name, "decoder.layers.", 15) == 0 &&
 		    ck->catalog.tensors[i].ndim > 0)
 			layers = ck->catalog.tensors[i].shape[0];
-
 	if (rs_checkpoint_top_entry(ck, "common.pt")) {
 		rs_diag_add(d, "%s/common.pt: an HF model directory holding megatron-core's common.pt; the view writes its own",
 			    ck->dir_path);
@@ -248,32 +272,35 @@ static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 	}
 	for (size_t k = 0; f->objects && f->objects[k] && !err; k++) {
 		const char *pat = f->objects[k], *at = strstr(pat, "#.");
+		const char *ex = at ? strstr(at + 2, "#.") : NULL;
+		char key[600];
+		uint64_t ne = ex ? dims->experts : 1;
 
-		for (uint64_t l = 0; l < layers && !err; l++) {
-			rs_blob *b;
-
-			err = rs_array_reserve(&ck->blobs, &ck->cap_blobs,
-					       ck->nblobs + 1, sizeof(*b));
-			if (err)
-				break;
-			b = &ck->blobs[ck->nblobs];
-			memset(b, 0, sizeof(*b));
-			if (!at || asprintf(&b->fqn, "%.*s%s/shard_%llu_%llu",
-					    (int)(at - pat), pat, at + 2,
-					    (unsigned long long)l,
-					    (unsigned long long)layers) < 0) {
-				b->fqn = NULL;
-				err = at ? -ENOMEM : -EINVAL;
-				break;
-			}
-			ck->nblobs++;
-			err = rs_torch_object_make(pkl_none, sizeof(pkl_none) - 1,
-						   &b->made[0], &b->made_len[0]);
-			if (!err)
-				err = rs_torch_object_make(pkl_list_none,
-							   sizeof(pkl_list_none) - 1,
-							   &b->made[1], &b->made_len[1]);
+		if (!at || (ex && !ne) || strlen(pat) >= sizeof(key)) {
+			rs_diag_add(d, "%s: object %s: needs a \"#.\" for the layer%s",
+				    f->info->path, pat,
+				    ex ? ", and a number of experts (the family's \"experts\" fact)" : "");
+			return -EINVAL;
 		}
+		/* the key: the pattern without its "#."s */
+		snprintf(key, sizeof(key), "%.*s%.*s%s", (int)(at - pat), pat,
+			 ex ? (int)(ex - at - 2) : (int)strlen(at + 2), at + 2,
+			 ex ? ex + 2 : "");
+		for (uint64_t l = 0; l < layers && !err; l++)
+			for (uint64_t e = 0; e < ne && !err; e++) {
+				char shard[100];
+
+				if (ex)
+					snprintf(shard, sizeof(shard), "%llu.%llu_%llu.%llu",
+						 (unsigned long long)l, (unsigned long long)e,
+						 (unsigned long long)layers,
+						 (unsigned long long)ne);
+				else
+					snprintf(shard, sizeof(shard), "%llu_%llu",
+						 (unsigned long long)l,
+						 (unsigned long long)layers);
+				err = add_object(ck, key, shard);
+			}
 	}
 	if (!err) {
 		ck->made = calloc(1, sizeof(*ck->made));
@@ -367,6 +394,7 @@ int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 		err = rs_config_from_hf(ck, f, named, path, &dims, d);
 	else if (!err)
 		err = rs_config_to_hf(ck, f, o, &dims, &st, d);
+	dims.packed = o->packed;
 	if (!err)
 		err = check_tied(ck, f, &dims, d);
 	if (!err)
@@ -386,7 +414,7 @@ int rs_bridge_apply(rs_checkpoint *ck, const rs_bridge_opts *o, rs_diag *d)
 		/* the true vocab: the embedding rows HF stores */
 		if (e != SIZE_MAX && ck->catalog.tensors[e].ndim == 2)
 			ck->model.vocab = ck->catalog.tensors[e].shape[0];
-		err = make_mcore_files(ck, f, d);
+		err = make_mcore_files(ck, f, &dims, d);
 	}
 	if (!err && strcmp(from, "mcore") == 0)
 		hide_megatron_records(ck);

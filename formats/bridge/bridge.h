@@ -32,6 +32,7 @@
 #ifndef RS_BRIDGE_H
 #define RS_BRIDGE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "formats/checkpoint.h"
@@ -43,6 +44,7 @@ typedef struct {
 	const char *hf_config;          /* -o hf_config=FILE, or NULL */
 	const char *rules_file;         /* -o rules=FILE, or NULL */
 	uint64_t vocab_size;            /* -o vocab_size=, 0: not given */
+	bool packed;                    /* -o hf_experts=packed */
 } rs_bridge_opts;
 
 /* Whether the options ask for a bridge on ck: 1 yes (rs_bridge_apply

@@ -14,6 +14,9 @@ typedef struct {
 	uint32_t heads, groups;
 	uint64_t vocab;
 	bool tied;
+	bool packed;            /* -o hf_experts=packed */
+	uint64_t experts;       /* per MoE layer (the family's "experts"
+				 * fact), 0: none */
 } rs_map_dims;
 
 /* One piece of a target: source k's rows [lo, hi) at target row `at`

@@ -500,6 +500,9 @@ static void dims_of(const eval *e, rs_map_dims *dims)
 	if (cJSON_IsNumber(v))
 		dims->vocab = (uint64_t)v->valuedouble;
 	dims->tied = cJSON_IsTrue(t);
+	t = e->f->info->experts ? value_of(e, e->f->info->experts) : NULL;
+	if (cJSON_IsNumber(t))
+		dims->experts = (uint64_t)t->valuedouble;
 }
 
 /* ---- toward HF ------------------------------------------------------- */
@@ -684,7 +687,12 @@ int rs_config_from_hf(rs_checkpoint *ck, const rs_family *f,
 		err = typed(&e, fd, lookup(cfg, fd->hf), where, &v);
 		if (!err)
 			err = offer(&e, fd, &e.val[i], e.src[i], v, "config.json");
-		if (!err && fd->type != RS_FACT_OBJECT)
+	}
+	/* then the shapes, which may divide by any fact the file gives */
+	for (size_t i = 0; i < fi->nfacts && !err; i++) {
+		const rs_fact_def *fd = &fi->facts[i];
+
+		if (fd->type != RS_FACT_OBJECT)
 			err = from_tensors(&e, fd, &e.val[i], e.src[i]);
 		/* a constant of the family: what the file gives must be it */
 		if (!err && fd->value && e.val[i] && !agree(e.val[i], fd->value)) {

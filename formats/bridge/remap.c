@@ -225,12 +225,20 @@ static void set_free(name_set *s)
 typedef struct {
 	const rs_tensor *t;
 	int64_t layer;          /* the layer on axis 0, -1: not stacked */
+	int64_t expert;         /* the expert on the next axis, -1: none */
 } src_ref;
 
-/* One layer's view of a source: its shape without the layer axis. */
+/* The axes a reference takes one index of: its layer's, its expert's. */
+static int lead_axes(const src_ref *s)
+{
+	return (s->layer >= 0) + (s->expert >= 0);
+}
+
+/* One layer's (one expert's) view of a source: its shape without those
+ * axes. */
 static int layer_shape(const src_ref *s, uint64_t *shape)
 {
-	int a0 = s->layer >= 0;
+	int a0 = lead_axes(s);
 
 	for (int i = a0; i < s->t->ndim; i++)
 		shape[i - a0] = s->t->shape[i];
@@ -245,33 +253,40 @@ typedef struct {
 } frag_list;
 
 /* Source s's fragments inside piece p, moved to the target's
- * coordinates (layer `dl` on a stacked target's axis 0, -1: none). */
+ * coordinates: lead[0..nlead) are the target's leading indices (its layer
+ * on a stacked target's axis 0, its expert on the next), each one wide. */
 static int place(frag_list *fl, const src_ref *s, const rs_map_piece *p,
-		 int64_t dl, uint64_t layer_numel)
+		 const int64_t *lead, const uint64_t *lead_stride, int nlead)
 {
 	const rs_tensor *t = s->t;
 	size_t esz = rs_dtype_size(t->dtype);
-	int a0 = s->layer >= 0;
+	int a0 = lead_axes(s);
+	int64_t at[2] = { s->layer >= 0 ? s->layer : s->expert, s->expert };
 	int err;
 
 	for (size_t i = 0; i < t->nfrags; i++) {
 		const rs_fragment *f = &t->frags[i];
 		rs_fragment o;
 		uint64_t off = f->offset;
-		int oa = dl >= 0;
+		int oa = nlead;
+		bool inside = true;
 
 		memset(&o, 0, sizeof(o));
-		if (a0) {
-			if ((uint64_t)s->layer < f->box.off[0] ||
-			    (uint64_t)s->layer >= f->box.off[0] + f->box.len[0])
-				continue;
-			off += ((uint64_t)s->layer - f->box.off[0]) *
-			       f->stride[0] * esz;
+		/* the source's layer (and expert) indices: inside the
+		 * fragment, and the offset moved to them */
+		for (int ax = 0; ax < a0 && inside; ax++) {
+			uint64_t x = (uint64_t)at[ax];
+
+			inside = x >= f->box.off[ax] &&
+				 x < f->box.off[ax] + f->box.len[ax];
+			off += (x - f->box.off[ax]) * f->stride[ax] * esz;
 		}
-		if (dl >= 0) {
-			o.box.off[0] = (uint64_t)dl;
-			o.box.len[0] = 1;
-			o.stride[0] = layer_numel;
+		if (!inside)
+			continue;
+		for (int ax = 0; ax < nlead; ax++) {
+			o.box.off[ax] = (uint64_t)lead[ax];
+			o.box.len[ax] = 1;
+			o.stride[ax] = lead_stride[ax];
 		}
 		for (int ax = a0; ax < t->ndim; ax++) {
 			o.box.off[oa + ax - a0] = f->box.off[ax];
@@ -331,8 +346,9 @@ static void row_name(const remap_ctx *c, const rs_map_row *r, char *out,
 
 	snprintf(out, size, "%s row \"%s\" <- \"%s\"%s%s%s",
 		 user ? "the names" : "the built-in", r->to ? r->to : "null",
-		 r->from[0], user ? " of " : " (formats/model.c, ",
-		 user ? (c->user_path ? c->user_path : "-o rules=") : c->f->name,
+		 r->from[0], user ? " of " : " (",
+		 user ? (c->user_path ? c->user_path : "-o rules=")
+		      : c->f->info ? c->f->info->path : c->f->name,
 		 user ? "" : ")");
 }
 
@@ -372,16 +388,19 @@ static int name_err(remap_ctx *c, const char *what, int err)
 	return err == -ENOMEM ? err : -EINVAL;
 }
 
-/* Target `name` of row r from one source reference per layer slot
- * (refs[slot * nsrc + k]; one slot when the target is not stacked). */
+/* Target `name` of row r from one source reference per slot
+ * (refs[slot * nsrc + k]): with `stack`, slots / nexp layers on its axis
+ * 0; with nexp, nexp experts on the next (slot = layer * nexp + expert);
+ * else one slot. */
 static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
-		const src_ref *refs, int nsrc, size_t slots, bool stack)
+		const src_ref *refs, int nsrc, size_t slots, bool stack,
+		size_t nexp)
 {
 	rs_map_job j;
 	frag_list fl = { 0 };
-	uint64_t shape[RS_MAX_DIMS], layer_numel = 1, covered, total;
+	uint64_t shape[RS_MAX_DIMS], covered, total;
 	size_t idx, a, b;
-	int ndim = 0, err = 0;
+	int ndim = 0, err = 0, nlead = stack + (nexp > 0);
 
 	/* A tensor has one dtype: pieces of another would be read as this
 	 * one's, running into the bytes stored after them. */
@@ -406,21 +425,39 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 				    c->ck->dir_path, name, refs[s * nsrc].t->name,
 				    rs_map_op_name(r->op), j.why);
 		if (!err && s == 0) {
-			ndim = j.out_ndim + stack;
-			shape[0] = slots;
-			memcpy(shape + stack, j.out_shape,
+			ndim = j.out_ndim + nlead;
+			if (stack)
+				shape[0] = nexp ? slots / nexp : slots;
+			if (nexp)
+				shape[stack] = nexp;
+			memcpy(shape + nlead, j.out_shape,
 			       (size_t)j.out_ndim * sizeof(uint64_t));
-			for (int i = 0; i < j.out_ndim; i++)
-				layer_numel *= j.out_shape[i];
-		} else if (!err && memcmp(shape + stack, j.out_shape,
-					  (size_t)j.out_ndim * sizeof(uint64_t))) {
-			rs_diag_add(c->d, "%s: %s: layer %zu's %s has another shape than layer 0's",
-				    c->ck->dir_path, name, s, refs[s * nsrc].t->name);
+		} else if (!err && (j.out_ndim + nlead != ndim ||
+				    memcmp(shape + nlead, j.out_shape,
+					   (size_t)j.out_ndim * sizeof(uint64_t)))) {
+			rs_diag_add(c->d, "%s: %s: %s %zu's %s has another shape than the first's",
+				    c->ck->dir_path, name, nexp ? "expert" : "layer",
+				    s, refs[s * nsrc].t->name);
 			err = -EINVAL;
 		}
-		for (size_t p = 0; p < j.npcs && !err; p++)
+		for (size_t p = 0; p < j.npcs && !err; p++) {
+			int64_t lead[2];
+			uint64_t stride[2], numel = 1;
+			int n = 0;
+
+			for (int i = 0; i < j.out_ndim; i++)
+				numel *= j.out_shape[i];
+			if (stack) {
+				stride[n] = numel * (nexp ? nexp : 1);
+				lead[n++] = (int64_t)(nexp ? s / nexp : s);
+			}
+			if (nexp) {
+				stride[n] = numel;
+				lead[n++] = (int64_t)(s % nexp);
+			}
 			err = place(&fl, &refs[s * nsrc + j.pcs[p].k], &j.pcs[p],
-				    stack ? (int64_t)s : -1, layer_numel);
+				    lead, stride, n);
+		}
 		free(j.pcs);
 	}
 	if (!err)
@@ -470,7 +507,8 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
  * `stacked` as it was), into refs[1..] with layer `layer`. */
 static int other_sources(remap_ctx *c, const rs_map_row *r, int nsrc,
 			 char nums[2][24], int nnums, bool stacked,
-			 int64_t layer, src_ref *refs, const char *target)
+			 int64_t layer, int64_t expert, src_ref *refs,
+			 const char *target)
 {
 	for (int k = 1; k < nsrc; k++) {
 		char name[NAME_SIZE];
@@ -487,7 +525,7 @@ static int other_sources(remap_ctx *c, const rs_map_row *r, int nsrc,
 			return -EINVAL;
 		}
 		c->taken[i] = true;
-		refs[k] = (src_ref){ &c->ck->catalog.tensors[i], layer };
+		refs[k] = (src_ref){ &c->ck->catalog.tensors[i], layer, expert };
 	}
 	return 0;
 }
@@ -544,14 +582,14 @@ static int gather_layers(remap_ctx *c, const rs_map_row *r, int nsrc,
 			break;
 		}
 		c->taken[at[l]] = true;
-		refs[l * nsrc] = (src_ref){ &cat->tensors[at[l]], -1 };
+		refs[l * nsrc] = (src_ref){ &cat->tensors[at[l]], -1, -1 };
 		snprintf(n2[0], sizeof(n2[0]), "%zu", l);
 		memcpy(n2[1], nums[1], sizeof(n2[1]));
-		err = other_sources(c, r, nsrc, n2, nnums, false, -1,
+		err = other_sources(c, r, nsrc, n2, nnums, false, -1, -1,
 				    &refs[l * nsrc], target);
 	}
 	if (!err)
-		err = emit(c, r, target, refs, nsrc, nl, true);
+		err = emit(c, r, target, refs, nsrc, nl, true, 0);
 out:
 	free(refs);
 	free(at);
@@ -581,13 +619,168 @@ static int stacked_to_stacked(remap_ctx *c, const rs_map_row *r,
 	if (!refs)
 		return -ENOMEM;
 	for (uint64_t l = 0; l < t->shape[0] && !err; l++) {
-		refs[l * nsrc] = (src_ref){ t, (int64_t)l };
+		refs[l * nsrc] = (src_ref){ t, (int64_t)l, -1 };
 		err = other_sources(c, r, nsrc, nums, nnums, true, (int64_t)l,
-				    &refs[l * nsrc], name);
+				    -1, &refs[l * nsrc], name);
 	}
 	if (!err)
-		err = emit(c, r, name, refs, nsrc, t->shape[0], true);
+		err = emit(c, r, name, refs, nsrc, t->shape[0], true, 0);
 	free(refs);
+	return err;
+}
+
+/* How many numbers ('#') a pattern holds. */
+static int hashes(const char *pat)
+{
+	int n = 0;
+
+	for (; *pat; pat++)
+		n += *pat == '#';
+	return n;
+}
+
+#define MAX_EXPERTS 65536u
+
+/* A source whose axis after the layer numbers the experts (megatron's
+ * experts.linear_fc1 [L, E, ...], or [E, ...] per layer) into one target
+ * per layer and expert (HF's experts.<e>.gate_proj). */
+static int split_experts(remap_ctx *c, const rs_map_row *r, const rs_tensor *t,
+			 int nsrc, char nums[2][24], int nnums, bool stacked)
+{
+	int ax = stacked;
+	uint64_t layers = stacked ? (t->ndim ? t->shape[0] : 0) : 1;
+	uint64_t experts = t->ndim > ax ? t->shape[ax] : 0;
+
+	if (!layers || layers > MAX_LAYERS || !experts || experts > MAX_EXPERTS) {
+		rs_diag_add(c->d, "%s: %s: no %s axis of experts for %s",
+			    c->ck->dir_path, t->name, stacked ? "second" : "first",
+			    r->to);
+		return -EINVAL;
+	}
+	for (uint64_t l = 0; l < layers; l++)
+		for (uint64_t e = 0; e < experts; e++) {
+			char vals[4][24], name[NAME_SIZE];
+			src_ref refs[RS_MAP_MAX_FROM];
+			int n = 0, err, added;
+
+			if (stacked)
+				snprintf(vals[n++], 24, "%llu", (unsigned long long)l);
+			for (int k = 0; k < nnums; k++)
+				memcpy(vals[n++], nums[k], 24);
+			snprintf(vals[n++], 24, "%llu", (unsigned long long)e);
+			err = subst(r->to, false, vals, n, name, sizeof(name));
+			if (err)
+				return name_err(c, r->to, err);
+			added = claim(c, r, name, t->name, false);
+			if (added < 0)
+				return added;
+			if (!added)
+				continue;
+			refs[0] = (src_ref){ t, stacked ? (int64_t)l : -1, (int64_t)e };
+			err = other_sources(c, r, nsrc, nums, nnums, stacked,
+					    refs[0].layer, (int64_t)e, refs, name);
+			if (!err)
+				err = emit(c, r, name, refs, nsrc, 1, false, 0);
+			if (err)
+				return err;
+		}
+	return 0;
+}
+
+typedef struct {
+	uint64_t l, e;
+	size_t i;
+} expert_at;
+
+static int by_layer_expert(const void *a, const void *b)
+{
+	const expert_at *x = a, *y = b;
+
+	if (x->l != y->l)
+		return x->l < y->l ? -1 : 1;
+	return x->e < y->e ? -1 : x->e > y->e;
+}
+
+static bool number(const char *s, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (*end || (s[0] == '0' && s[1]) || v >= max)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* Sources one per layer and expert (HF's experts.<e>.gate_proj) into one
+ * target of every layer, stacked [L, E, ...] (megatron's
+ * experts.linear_fc1).  Every layer must hold experts 0..E-1. */
+static int gather_experts(remap_ctx *c, const rs_map_row *r, int nsrc,
+			  const char *target)
+{
+	const rs_catalog *cat = &c->ck->catalog;
+	expert_at *at = calloc(cat->count + 1, sizeof(*at));
+	src_ref *refs = NULL;
+	size_t n = 0;
+	uint64_t nl = 0, ne = 0;
+	int err = 0;
+
+	if (!at)
+		return -ENOMEM;
+	for (size_t i = 0; i < cat->count && !err; i++) {
+		char n2[2][24];
+		int nn = 0;
+
+		if (c->dropped[i] ||
+		    !rs_map_match(r->from[0], skip_prefix(c->f, cat->tensors[i].name),
+				  false, n2, &nn) || nn != 2)
+			continue;
+		if (!number(n2[0], MAX_LAYERS, &at[n].l) ||
+		    !number(n2[1], MAX_EXPERTS, &at[n].e)) {
+			rs_diag_add(c->d, "%s: %s: not a layer below %u and an expert below %u",
+				    c->ck->dir_path, cat->tensors[i].name,
+				    MAX_LAYERS, MAX_EXPERTS);
+			err = -EINVAL;
+			break;
+		}
+		at[n].i = i;
+		nl = at[n].l + 1 > nl ? at[n].l + 1 : nl;
+		ne = at[n].e + 1 > ne ? at[n].e + 1 : ne;
+		n++;
+	}
+	qsort(at, n, sizeof(*at), by_layer_expert);
+	/* the grid, whole: n == nl * ne, and each (l, e) in order once */
+	for (size_t k = 0; k < n && !err; k++)
+		if (at[k].l != k / ne || at[k].e != k % ne) {
+			rs_diag_add(c->d, "%s: %s: layer %llu has no expert %llu of %s (every layer holds experts 0 to %llu)",
+				    c->ck->dir_path, target,
+				    (unsigned long long)(k / ne),
+				    (unsigned long long)(k % ne), r->from[0],
+				    (unsigned long long)(ne - 1));
+			err = -EINVAL;
+		}
+	if (!err && n != nl * ne) {
+		rs_diag_add(c->d, "%s: %s: layer %llu has no expert %llu of %s",
+			    c->ck->dir_path, target, (unsigned long long)(n / ne),
+			    (unsigned long long)(n % ne), r->from[0]);
+		err = -EINVAL;
+	}
+	if (!err && !(refs = calloc(n * (size_t)nsrc + 1, sizeof(*refs))))
+		err = -ENOMEM;
+	for (size_t k = 0; k < n && !err; k++) {
+		char n2[2][24];
+
+		c->taken[at[k].i] = true;
+		refs[k * nsrc] = (src_ref){ &cat->tensors[at[k].i], -1, -1 };
+		snprintf(n2[0], 24, "%llu", (unsigned long long)at[k].l);
+		snprintf(n2[1], 24, "%llu", (unsigned long long)at[k].e);
+		err = other_sources(c, r, nsrc, n2, 2, false, -1, -1,
+				    &refs[k * nsrc], target);
+	}
+	if (!err)
+		err = emit(c, r, target, refs, nsrc, n, true, ne);
+	free(refs);
+	free(at);
 	return err;
 }
 
@@ -602,6 +795,20 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 	src_ref refs[RS_MAP_MAX_FROM];
 	int err, added;
 
+	/* the target numbers one more thing than the source: its experts */
+	if ((stacked || nnums >= 1) && hashes(r->to) == nnums + stacked + 1)
+		return split_experts(c, r, t, nsrc, nums, nnums, stacked);
+	/* the source numbers its experts, the stacked target does not */
+	if (!stacked && c->f->stack && nnums == 2 && hashes(r->to) == 1 &&
+	    has_layer) {
+		err = subst(r->to, true, nums, 0, name, sizeof(name));
+		if (err)
+			return name_err(c, r->to, err);
+		added = claim(c, r, name, t->name, true);
+		if (added <= 0)
+			return added;
+		return gather_experts(c, r, nsrc, name);
+	}
 	if (stacked && c->f->stack && has_layer)
 		return stacked_to_stacked(c, r, t, nsrc, nums, nnums);
 	if (!has_layer || (!stacked && !c->f->stack)) {
@@ -612,10 +819,10 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 		added = claim(c, r, name, t->name, false);
 		if (added <= 0)
 			return added;
-		refs[0] = (src_ref){ t, -1 };
-		err = other_sources(c, r, nsrc, nums, nnums, stacked, -1, refs,
-				    name);
-		return err ? err : emit(c, r, name, refs, nsrc, 1, false);
+		refs[0] = (src_ref){ t, -1, -1 };
+		err = other_sources(c, r, nsrc, nums, nnums, stacked, -1, -1,
+				    refs, name);
+		return err ? err : emit(c, r, name, refs, nsrc, 1, false, 0);
 	}
 	if (!stacked) {
 		/* per-layer sources into one stacked target */
@@ -646,11 +853,11 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 			return added;
 		if (!added)
 			continue;
-		refs[0] = (src_ref){ t, (int64_t)l };
+		refs[0] = (src_ref){ t, (int64_t)l, -1 };
 		err = other_sources(c, r, nsrc, nums, nnums, true, (int64_t)l,
-				    refs, name);
+				    -1, refs, name);
 		if (!err)
-			err = emit(c, r, name, refs, nsrc, 1, false);
+			err = emit(c, r, name, refs, nsrc, 1, false, 0);
 		if (err)
 			return err;
 	}
@@ -659,8 +866,18 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 
 static bool row_applies(const rs_map_row *r, const rs_map_dims *dims)
 {
-	return r->when == RS_WHEN_ALWAYS ||
-	       (r->when == RS_WHEN_TIED) == dims->tied;
+	switch (r->when) {
+	case RS_WHEN_TIED:
+		return dims->tied;
+	case RS_WHEN_UNTIED:
+		return !dims->tied;
+	case RS_WHEN_PACKED:
+		return dims->packed;
+	case RS_WHEN_PER_EXPERT:
+		return !dims->packed;
+	default:
+		return true;
+	}
 }
 
 static int apply_row(remap_ctx *c, const rs_map_row *r)
@@ -726,9 +943,10 @@ int rs_remap(rs_checkpoint *ck, const rs_family *f, const rs_map_row *user,
 			continue;
 		/* the first few: one missing row usually misses every layer */
 		if (missing++ < 8)
-			rs_diag_add(d, "%s: %s has no %s name in the %s table (formats/model.c; the \"names\" of a -o rules= file can add one)",
+			rs_diag_add(d, "%s: %s has no %s name in family %s (%s; the \"names\" of a -o rules= file can add one)",
 				    ck->dir_path, ck->catalog.tensors[i].name,
-				    f->to, f->name);
+				    f->to, f->name,
+				    f->info ? f->info->path : "built in");
 	}
 	if (!err && missing)
 		err = -EINVAL;

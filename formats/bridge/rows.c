@@ -65,13 +65,19 @@ int rs_bridge_row_parse(const cJSON *o, const char *path, size_t k,
 			    rs_map_op_name(r->op));
 		return -EINVAL;
 	}
-	if (when && strcmp(when, "tied") && strcmp(when, "untied")) {
-		rs_diag_add(d, "%s: names row %zu: \"when\" must be \"tied\" or \"untied\"",
+	static const char *const whens[] = { [RS_WHEN_TIED] = "tied",
+		[RS_WHEN_UNTIED] = "untied", [RS_WHEN_PACKED] = "packed",
+		[RS_WHEN_PER_EXPERT] = "per_expert" };
+
+	r->when = RS_WHEN_ALWAYS;
+	for (int w = RS_WHEN_TIED; when && w <= RS_WHEN_PER_EXPERT; w++)
+		if (strcmp(when, whens[w]) == 0)
+			r->when = (rs_when)w;
+	if (when && r->when == RS_WHEN_ALWAYS) {
+		rs_diag_add(d, "%s: names row %zu: \"when\" must be \"tied\", \"untied\", \"packed\" or \"per_expert\"",
 			    path, k);
 		return -EINVAL;
 	}
-	r->when = !when ? RS_WHEN_ALWAYS
-			: strcmp(when, "tied") == 0 ? RS_WHEN_TIED : RS_WHEN_UNTIED;
 	cJSON_ArrayForEach(it, src) {
 		if (!cJSON_IsString(it) || !pattern_ok(it->valuestring)) {
 			rs_diag_add(d, "%s: names row %zu: source %d is not a name pattern",

@@ -95,7 +95,7 @@ static void rules_part(const uint8_t *p, size_t n)
 		rs_fuzz_check_diag(d, err, RULES);
 		if (!err && k == 0) {
 			rs_checkpoint ck;
-			rs_map_dims dims = { 4, 2, 10, false };
+			rs_map_dims dims = { 4, 2, 10, false, false, 0 };
 			rs_diag *d2 = rs_diag_new();
 
 			check_rows(rows, nrows);

@@ -173,7 +173,7 @@ static void test_round_trip(void)
 	rs_diag *d = rs_diag_new();
 	const rs_family *to_m = family_find("llama", "hf", "mcore");
 	const rs_family *to_h = family_find("llama", "mcore", "hf");
-	rs_map_dims dims = { H, G, V, false };
+	rs_map_dims dims = { H, G, V, false, false, 0 };
 	const rs_tensor *qkv, *fc1;
 
 	memset(&ck, 0, sizeof(ck));
@@ -208,7 +208,7 @@ static void test_refusals(void)
 	rs_checkpoint ck;
 	rs_diag *d = rs_diag_new();
 	const rs_family *to_m = family_find("llama", "hf", "mcore");
-	rs_map_dims dims = { H, G, 0, false }, odd = { 3, 1, 0, false };
+	rs_map_dims dims = { H, G, 0, false, false, 0 }, odd = { 3, 1, 0, false, false, 0 };
 	static const rs_map_row user[] = {
 		{ NULL, RS_MAP_SAME, { "model.extra.*" }, RS_WHEN_ALWAYS, 0 },
 	};
@@ -249,7 +249,7 @@ static void test_drop_stacked(void)
 	};
 	rs_checkpoint ck;
 	rs_diag *d = rs_diag_new();
-	rs_map_dims dims = { H, G, V, false };
+	rs_map_dims dims = { H, G, V, false, false, 0 };
 
 	memset(&ck, 0, sizeof(ck));
 	ck.dir_path = "ckpt";
