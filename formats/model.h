@@ -100,6 +100,7 @@ typedef enum {
 	RS_FACT_BOOL,
 	RS_FACT_STR,
 	RS_FACT_OBJECT,         /* built of sub-facts (rope_scaling) */
+	RS_FACT_LIST,           /* a JSON list (mlp_only_layers) */
 } rs_fact_type;
 
 /* One config.json field of a family (formats/bridge/family.h): where

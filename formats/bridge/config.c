@@ -41,6 +41,8 @@ static cJSON *as_type(const cJSON *v, rs_fact_type t)
 					 : NULL;
 	case RS_FACT_OBJECT:
 		return cJSON_IsObject(v) ? cJSON_Duplicate(v, true) : NULL;
+	case RS_FACT_LIST:
+		return cJSON_IsArray(v) ? cJSON_Duplicate(v, true) : NULL;
 	}
 	return NULL;
 }
@@ -48,9 +50,9 @@ static cJSON *as_type(const cJSON *v, rs_fact_type t)
 static const char *type_name(rs_fact_type t)
 {
 	static const char *const n[] = { "an integer", "a number", "true or false",
-					  "a string", "an object" };
+					  "a string", "an object", "a list" };
 
-	return (unsigned)t < 5 ? n[t] : "?";
+	return (unsigned)t < 6 ? n[t] : "?";
 }
 
 static void text_of(const cJSON *v, char *out, size_t size)

@@ -113,7 +113,7 @@ static void free_list(char **l)
 static const char *const types[] = {
 	[RS_FACT_INT] = "int", [RS_FACT_REAL] = "real",
 	[RS_FACT_BOOL] = "bool", [RS_FACT_STR] = "str",
-	[RS_FACT_OBJECT] = "object",
+	[RS_FACT_OBJECT] = "object", [RS_FACT_LIST] = "list",
 };
 
 static void fact_free(rs_fact_def *f)
@@ -155,6 +155,9 @@ static int constant(const ctx *c, const cJSON *o, const char *key,
 		break;
 	case RS_FACT_STR:
 		ok = cJSON_IsString(v) && text_ok(v->valuestring);
+		break;
+	case RS_FACT_LIST:
+		ok = cJSON_IsArray(v) && cJSON_GetArraySize(v) <= 4096;
 		break;
 	default:
 		ok = false;
@@ -207,7 +210,7 @@ static int parse_fact(const ctx *c, const cJSON *o, int depth, rs_fact_def *f)
 		if (cJSON_IsString(type) && strcmp(type->valuestring, types[t]) == 0)
 			break;
 	if (!err && t == (int)(sizeof(types) / sizeof(types[0])))
-		err = bad(c, "fact %s: \"type\" must be int, real, bool, str or object%s",
+		err = bad(c, "fact %s: \"type\" must be int, real, bool, str, object or list%s",
 			  f->hf, "");
 	if (err)
 		return err;
@@ -994,13 +997,14 @@ const rs_family *rs_families_by_arch(const rs_families *fs, const char *arch,
 				     const char *type, const char *from,
 				     const char *to)
 {
-	for (size_t i = 0; fs && arch && i < fs->ndirs; i++)
+	/* the last loaded first: a rules file's family over a built-in one */
+	for (size_t i = fs ? fs->ndirs : 0; arch && i-- > 0;)
 		for (size_t k = 0; k < fs->dirs[i].info->narch; k++)
 			if (strcmp(fs->dirs[i].info->arch[k], arch) == 0 &&
 			    strcmp(fs->dirs[i].from, from) == 0 &&
 			    strcmp(fs->dirs[i].to, to) == 0)
 				return &fs->dirs[i];
-	for (size_t i = 0; fs && type && i < fs->ndirs; i++)
+	for (size_t i = fs ? fs->ndirs : 0; type && i-- > 0;)
 		if (fs->dirs[i].info->model_type &&
 		    strcmp(fs->dirs[i].info->model_type, type) == 0 &&
 		    strcmp(fs->dirs[i].from, from) == 0 &&

@@ -59,7 +59,8 @@ const rs_family *rs_families_find(const rs_families *fs, const char *name,
 
 /* The table from `from` to `to` of the family that names architecture
  * `arch` (or, when no family does, whose model_type is `type`; either
- * may be NULL), or NULL. */
+ * may be NULL), or NULL.  A rules file's family comes before a built-in
+ * one. */
 const rs_family *rs_families_by_arch(const rs_families *fs, const char *arch,
 				     const char *type, const char *from,
 				     const char *to);
