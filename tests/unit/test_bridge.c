@@ -1,17 +1,18 @@
-/* The bridge's engine (formats/bridge/): pattern matching, and the Llama
- * tables applied both ways.  The oracle of the round trip is the stored
+/* The bridge's engine (formats/bridge/): pattern matching, the family
+ * files (Llama's, Qwen3-MoE's experts, Phi-3's fused qkv) applied both
+ * ways, and malformed family files refused.  The oracle of the round trip is the stored
  * tensors themselves: HF -> megatron-core -> HF must read every element
  * from the byte it was stored at, whatever pieces the two tables cut. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "formats/bridge/bridge_int.h"
 #include "tests/unit/hf_llama_catalog.h"
 #include "tests/unit/check.h"
 #include "formats/bridge/family.h"
-
 
 /* The built-in family files (share/reshardfs/families/), loaded once. */
 static const rs_family *family_find(const char *name, const char *from,
@@ -265,8 +266,206 @@ static void test_drop_stacked(void)
 	rs_diag_free(d);
 }
 
+/* HF -> megatron-core -> HF of family `fam`, from the catalog `hf`:
+ * every element back at the byte it was stored at. */
+static void round_trip_family(const char *fam, rs_catalog *hf,
+			      const rs_map_dims *dims, bool packed_back)
+{
+	rs_checkpoint ck;
+	rs_catalog orig;
+	rs_diag *d = rs_diag_new();
+	rs_map_dims back = *dims;
+
+	memset(&ck, 0, sizeof(ck));
+	ck.dir_path = "ckpt";
+	rs_catalog_init(&orig);
+	for (size_t i = 0; i < hf->count; i++) {
+		const rs_tensor *t = &hf->tensors[i];
+
+		add(&orig, t->name, t->shape[0], t->ndim > 1 ? t->shape[1] : 0);
+	}
+	ck.catalog = *hf;
+	CHECK(rs_remap(&ck, family_find(fam, "hf", "mcore"), NULL, 0, NULL,
+		       dims, d) == 0);
+	back.packed = packed_back;
+	CHECK(rs_remap(&ck, family_find(fam, "mcore", "hf"), NULL, 0, NULL,
+		       &back, d) == 0);
+	for (size_t i = 0; i < rs_diag_count(d); i++)
+		fprintf(stderr, "%s\n", rs_diag_line(d, i));
+	CHECK(same_bytes(&ck.catalog, &orig));
+	rs_catalog_free(&ck.catalog);
+	rs_catalog_free(&orig);
+	rs_diag_free(d);
+}
+
+/* Experts: per-expert HF tensors gathered into megatron's [L, E, ...]
+ * and split back (Qwen3-MoE's names); a missing expert refused. */
+static void test_experts(void)
+{
+	enum { NL = 2, E = 3, F = 2 };
+	rs_map_dims dims = { H, G, 0, false, false, E };
+	rs_catalog c;
+	char name[128];
+
+	rs_catalog_init(&c);
+	for (int l = 0; l < NL; l++) {
+		snprintf(name, sizeof(name), "model.layers.%d.mlp.gate.weight", l);
+		add(&c, name, E, HID);
+		for (int e = 0; e < E; e++) {
+			static const char *const w[] = { "gate_proj", "up_proj" };
+
+			for (int k = 0; k < 2; k++) {
+				snprintf(name, sizeof(name),
+					 "model.layers.%d.mlp.experts.%d.%s.weight",
+					 l, e, w[k]);
+				add(&c, name, F, HID);
+			}
+			snprintf(name, sizeof(name),
+				 "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+			add(&c, name, HID, F);
+		}
+	}
+	round_trip_family("qwen3_moe", &c, &dims, false);
+
+	/* expert 1 of layer 1 missing */
+	{
+		rs_checkpoint ck;
+		rs_diag *d = rs_diag_new();
+
+		memset(&ck, 0, sizeof(ck));
+		ck.dir_path = "ckpt";
+		rs_catalog_init(&ck.catalog);
+		for (int e = 0; e < E; e++)
+			for (int l = 0; l < NL; l++) {
+				if (l == 1 && e == 1)
+					continue;
+				snprintf(name, sizeof(name),
+					 "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+				add(&ck.catalog, name, HID, F);
+			}
+		CHECK(rs_remap(&ck, family_find("qwen3_moe", "hf", "mcore"), NULL,
+			       0, NULL, &dims, d) == -EINVAL);
+		CHECK(rs_diag_count(d) >= 1 &&
+		      strstr(rs_diag_line(d, 0), "layer 1 has no expert 1"));
+		rs_catalog_free(&ck.catalog);
+		rs_diag_free(d);
+	}
+}
+
+/* Phi-3's fused [q; k; v] and [gate; up] to megatron and back. */
+static void test_flat_qkv(void)
+{
+	rs_map_dims dims = { H, G, 0, false, false, 0 };
+	rs_catalog c;
+
+	rs_catalog_init(&c);
+	add(&c, "model.layers.0.self_attn.qkv_proj.weight", (H + 2 * G) * D, HID);
+	add(&c, "model.layers.0.mlp.gate_up_proj.weight", 2 * FFN, HID);
+	round_trip_family("phi3", &c, &dims, false);
+}
+
+/* Where q head hh's row k sits in megatron's grouped qkv and in the
+ * flat [q; k; v]: qkv_flat moves each to the other (an oracle written
+ * from the layouts, not from ops.c). */
+static void test_qkv_flat_rows(void)
+{
+	enum { h = 6, g = 2, d = 3 };
+	rs_map_dims dims = { h, g, 0, false, false, 0 };
+	rs_map_job j;
+	uint64_t rows = (h + 2 * g) * d, to[(h + 2 * g) * d];
+
+	memset(&j, 0, sizeof(j));
+	j.op = RS_MAP_QKV_FLAT;
+	j.dims = &dims;
+	j.nsrc = 1;
+	j.ndim[0] = 1;
+	j.shape[0][0] = rows;
+	CHECK(rs_map_run(&j) == 0);
+	for (size_t p = 0; p < j.npcs; p++)
+		for (uint64_t r = j.pcs[p].lo; r < j.pcs[p].hi; r++)
+			to[r] = j.pcs[p].at + (r - j.pcs[p].lo);
+	for (uint64_t hh = 0; hh < h; hh++)
+		for (uint64_t k = 0; k < d; k++) {
+			uint64_t grp = hh / (h / g), in = hh % (h / g);
+			uint64_t mrow = grp * (h / g + 2) * d + in * d + k;
+
+			CHECK(to[mrow] == hh * d + k);
+		}
+	for (uint64_t gg = 0; gg < g; gg++)
+		for (uint64_t k = 0; k < d; k++) {
+			uint64_t base = gg * (h / g + 2) * d + (h / g) * d;
+
+			CHECK(to[base + k] == h * d + gg * d + k);           /* k */
+			CHECK(to[base + d + k] == (h + g) * d + gg * d + k); /* v */
+		}
+	free(j.pcs);
+}
+
+/* Family files as hostile input: each malformed one refused with a line
+ * naming the file; a good one replaces the built-in family. */
+static void test_family_files(void)
+{
+	static const struct {
+		const char *json, *needle;
+	} bad[] = {
+		{ "{\"families\": 3}", "must be a list" },
+		{ "{\"families\": [{\"family\": \"x\", \"config\": [{\"hf\": \"a\", \"type\": \"float\"}]}]}",
+		  "\"type\" must be" },
+		{ "{\"families\": [{\"family\": \"Bad Name\"}]}", "\"family\" must name it" },
+		{ "{\"families\": [{\"family\": \"x\", \"base\": \"nope\"}]}", "base nope is no family" },
+		{ "{\"families\": [{\"family\": \"x\", \"base\": \"y\"}, {\"family\": \"y\", \"base\": \"x\"}]}",
+		  "too deep" },
+		{ "{\"families\": [{\"family\": \"x\", \"names\": [{\"from\": \"hf\", \"to\": \"hf\", \"target\": null, \"sources\": [\"a\"]}]}]}",
+		  "two of mcore, hf and metaseq" },
+		{ "{\"families\": [{\"family\": \"x\", \"checks\": [{\"hf\": \"a\"}]}]}", "a check needs" },
+		{ "{\"families\": [{\"family\": \"x\", \"family\": \"y\"}]}", "given twice" },
+		{ "{\"families\": [{\"family\": \"x\", \"config\": [{\"hf\": \"a\", \"type\": \"int\", \"axis\": 9}]}]}",
+		  "\"axis\" must be" },
+	};
+	char path[] = "/tmp/rs_family_XXXXXX";
+	int fd = mkstemp(path);
+
+	CHECK(fd >= 0);
+	close(fd);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		FILE *f = fopen(path, "w");
+		rs_families *fs = NULL;
+		rs_diag *d = rs_diag_new();
+
+		fputs(bad[i].json, f);
+		fclose(f);
+		CHECK(rs_families_load(path, &fs, d) == -EINVAL && !fs);
+		CHECK(rs_diag_count(d) >= 1 &&
+		      strstr(rs_diag_line(d, 0), path) &&
+		      strstr(rs_diag_line(d, 0), bad[i].needle));
+		if (!(rs_diag_count(d) >= 1 && strstr(rs_diag_line(d, 0), bad[i].needle)))
+			fprintf(stderr, "case %zu: %s\n", i,
+				rs_diag_count(d) ? rs_diag_line(d, 0) : "(none)");
+		rs_diag_free(d);
+	}
+	{
+		FILE *f = fopen(path, "w");
+		rs_families *fs = NULL;
+		rs_diag *d = rs_diag_new();
+		const rs_family *q;
+
+		fputs("{\"families\": [{\"family\": \"qwen2\", \"base\": \"llama\", \"architectures\": [\"Qwen2ForCausalLM\"]}]}", f);
+		fclose(f);
+		CHECK(rs_families_load(path, &fs, d) == 0);
+		q = rs_families_by_arch(fs, "Qwen2ForCausalLM", NULL, "hf", "mcore");
+		CHECK(q && strcmp(q->info->path, path) == 0);
+		rs_families_free(fs);
+		rs_diag_free(d);
+	}
+	unlink(path);
+}
+
 int main(void)
 {
+	test_experts();
+	test_flat_qkv();
+	test_qkv_flat_rows();
+	test_family_files();
 	test_match();
 	test_match_bounded();
 	test_round_trip();
