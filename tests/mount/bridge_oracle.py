@@ -9,6 +9,9 @@ Usage:
     python bridge_oracle.py export MCORE_CKPT HFOUT --like HFDIR [--dtype ...]
     python bridge_oracle.py families
 
+Exit status 3 (and one line on stderr) when Megatron-Bridge has no bridge
+for HFDIR's architecture (0.6.2: Mixtral, Phi-3).
+
 convert: AutoBridge.from_hf_pretrained(HFDIR) -> its megatron-core provider
 (GPTModel, megatron-core's local spec: no Transformer Engine, fusions and
 moe_grouped_gemm off, the allgather token dispatcher) -> Megatron-Bridge's
@@ -105,6 +108,24 @@ def import_bridge():
     if bad:
         sys.exit(f"bridge_oracle: megatron-core thinks TE is here: {bad}")
     return AutoBridge
+
+
+# Exit status when Megatron-Bridge has no bridge for the directory's
+# architecture (0.6.2: Mixtral, Phi-3), for a test to skip on.
+UNSUPPORTED = 3
+
+
+def from_hf(AutoBridge, path, **kwargs):
+    """AutoBridge.from_hf_pretrained(path), or exit UNSUPPORTED saying which
+    architecture Megatron-Bridge does not know."""
+    with open(os.path.join(path, "config.json")) as f:
+        archs = json.load(f).get("architectures") or []
+    known = set(AutoBridge.list_supported_models())
+    if not any(a in known for a in archs):
+        print(f"bridge_oracle: Megatron-Bridge {versions()['megatron-bridge']}"
+              f" has no bridge for {archs}", file=sys.stderr)
+        sys.exit(UNSUPPORTED)
+    return AutoBridge.from_hf_pretrained(path, **kwargs)
 
 
 def free_port():
@@ -300,8 +321,8 @@ def sharded_tensors(model):
         data = data.reshape((1,) * sh.prepend_axis_num + tuple(data.shape))
         idx = tuple(slice(o, o + n) for o, n in
                     zip(sh.global_offset, data.shape))
-        if sh.replica_id in (0, (0, 0, 0)) or not _all_zero(sh.replica_id):
-            pass
+        if not _all_zero(sh.replica_id):
+            continue  # a copy of a piece that replica 0 brings
         out[sh.key][idx] = data
         filled[sh.key] += data.numel()
     for k, n in filled.items():
@@ -321,8 +342,7 @@ def convert_rank(rank, a, port):
     torch.manual_seed(0)
     AutoBridge = import_bridge()
     init_dist(rank, a.tp, port, a.tp)
-    bridge = AutoBridge.from_hf_pretrained(a.hfdir,
-                                           dtype=getattr(torch, a.dtype))
+    bridge = from_hf(AutoBridge, a.hfdir, dtype=getattr(torch, a.dtype))
     added = add_sequential_expert_mappings(bridge)
     provider = make_provider(bridge, True, a.tp, a.dtype)
     model = build(provider)
@@ -398,7 +418,7 @@ def export(a):
     init_dist(0, 1, free_port(), 1)
     # No dtype here: from_hf_pretrained would hand it to the tokenizer
     # too, whose save_pretrained cannot write a torch.dtype.
-    bridge = AutoBridge.from_hf_pretrained(a.like)
+    bridge = from_hf(AutoBridge, a.like)
     add_sequential_expert_mappings(bridge)
     provider = make_provider(bridge, False, 1, a.dtype)
     provider.perform_initialization = False
