@@ -157,6 +157,10 @@ typedef struct rs_family_info {
 					 * say its family; NULL: never guessed */
 	size_t ndetect;
 	bool guessable;                 /* "detect" given (maybe empty) */
+	bool per_layer;                 /* megatron keys each layer apart
+					 * ("stack_layers": false: models
+					 * whose layers differ, as DeepSeek-V3's
+					 * dense first layers) */
 	char *experts;                  /* the fact counting experts, or NULL */
 	rs_fact_def *facts;
 	size_t nfacts;

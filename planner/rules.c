@@ -56,6 +56,13 @@ static const rs_rule builtin[] = {
 	{ "*mlp.linear_fc1.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
 	{ "*mlp.linear_fc1.bias", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
 	{ "*self_attention.linear_proj.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
+	/* multi-latent attention (DeepSeek-V3): the down and up projections
+	 * are column-parallel, split by their rows */
+	{ "*self_attention.linear_q_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_q_down_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_q_up_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_kv_down_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
+	{ "*self_attention.linear_kv_up_proj.weight", RS_SPLIT_AXIS, 0, -1, -1, false, NULL },
 	{ "*mlp.linear_fc2.weight", RS_SPLIT_AXIS, 1, -1, -1, false, NULL },
 	{ "*embedding.word_embeddings.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },
 	{ "*output_layer.weight", RS_SPLIT_VOCAB, 0, -1, -1, false, NULL },

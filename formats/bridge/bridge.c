@@ -254,6 +254,55 @@ static int add_object(rs_checkpoint *ck, const char *key, const char *shard)
 	return err;
 }
 
+/* Object pattern `pat` (its layer's "#." at `at`, an expert's at `ex`)
+ * for a model whose layers megatron keys apart: one object per layer
+ * that stores the weight beside it (<name>.weight), per expert of that
+ * weight's first axis for an expert pattern. */
+static int per_layer_objects(rs_checkpoint *ck, const char *pat,
+			     const char *at, const char *ex)
+{
+	char weight[600];
+	const char *tail = ex ? ex + 2 : at + 2;
+	size_t n = strlen(tail), suffix = strlen("._extra_state");
+	int err = 0;
+
+	if (n < suffix || strcmp(tail + n - suffix, "._extra_state") ||
+	    strlen(pat) >= sizeof(weight) - 8)
+		return 0;
+	/* the weight's pattern: the expert's "#." left out, .weight */
+	snprintf(weight, sizeof(weight), "%.*s%.*s.weight",
+		 ex ? (int)(ex - pat) : 0, pat,
+		 ex ? (int)(n - suffix) : (int)(strlen(pat) - suffix),
+		 ex ? tail : pat);
+	for (size_t i = 0; i < ck->catalog.count && !err; i++) {
+		const rs_tensor *t = &ck->catalog.tensors[i];
+		char nums[2][24], key[700];
+		uint64_t ne = 1;
+		int nn = 0;
+
+		if (!rs_map_match(weight, t->name, false, nums, &nn) || nn != 1)
+			continue;
+		if (ex) {
+			if (t->ndim < 1)
+				continue;
+			ne = t->shape[0];
+		}
+		snprintf(key, sizeof(key), "%.*s%s%.*s", (int)(at - pat), pat,
+			 nums[0], (int)(strlen(weight) - (size_t)(at - pat) - 1 - 7),
+			 weight + (at - pat) + 1);
+		strcat(key, "._extra_state");
+		for (uint64_t e = 0; e < ne && !err; e++) {
+			char shard[64];
+
+			snprintf(shard, sizeof(shard), "%llu_%llu",
+				 (unsigned long long)(ex ? e : 0),
+				 (unsigned long long)ne);
+			err = add_object(ck, key, shard);
+		}
+	}
+	return err;
+}
+
 static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 			    const rs_map_dims *dims, rs_diag *d)
 {
@@ -281,6 +330,10 @@ static int make_mcore_files(rs_checkpoint *ck, const rs_family *f,
 				    f->info->path, pat,
 				    ex ? ", and a number of experts (the family's \"experts\" fact)" : "");
 			return -EINVAL;
+		}
+		if (!f->stack) {
+			err = per_layer_objects(ck, pat, at, ex);
+			continue;
 		}
 		/* the key: the pattern without its "#."s */
 		snprintf(key, sizeof(key), "%.*s%.*s%s", (int)(at - pat), pat,

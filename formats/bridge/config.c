@@ -207,23 +207,19 @@ static int typed(eval *e, const rs_fact_def *f, const cJSON *raw,
 	return -EINVAL;
 }
 
+/* The first stored tensor a pattern names (any layer, any expert: the
+ * first layers of a model may lack what later ones have). */
 static const rs_tensor *hf_tensor(const eval *e, const char *pat)
 {
-	char name[600];
-	size_t n = 0;
 	const rs_catalog *c = &e->ck->catalog;
 
-	/* the first layer (and expert) for a pattern's '#' */
-	for (const char *p = pat; *p && n + 2 < sizeof(name); p++) {
-		if (*p == '#')
-			name[n++] = '0';
-		else
-			name[n++] = *p;
-	}
-	name[n] = 0;
-	for (size_t i = 0; i < c->count; i++)
-		if (strcmp(c->tensors[i].name, name) == 0)
+	for (size_t i = 0; i < c->count; i++) {
+		char nums[2][24];
+		int nn = 0;
+
+		if (rs_map_match(pat, c->tensors[i].name, false, nums, &nn))
 			return &c->tensors[i];
+	}
 	return NULL;
 }
 

@@ -470,6 +470,13 @@ static int parse_family(const cJSON *o, const char *path, rs_family_info *fi,
 		fi->guessable = true;
 		err = text_list(&c, detect, "detect", &fi->detect, &fi->ndetect);
 	}
+	if (!err) {
+		const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "stack_layers");
+
+		if (st && !cJSON_IsBool(st))
+			err = bad(&c, "\"stack_layers\" must be true or false%s%s", "", "");
+		fi->per_layer = cJSON_IsFalse(st);
+	}
 	if (!err)
 		err = parse_ecos(&c, o, fi);
 	list = cJSON_GetObjectItemCaseSensitive(o, "config");
@@ -891,7 +898,8 @@ static int make_dirs(rs_families *fs, loading *ld)
 				f->from = ecos[a];
 				f->to = ecos[b];
 				f->rows = rows;
-				f->stack = strcmp(ecos[b], "mcore") == 0;
+				f->stack = strcmp(ecos[b], "mcore") == 0 &&
+					   !fi->per_layer;
 				f->strip = fi->eco[a].strip;
 				f->embed = fi->eco[a].embed;
 				f->objects = (const char *const *)fi->eco[b].objects;

@@ -496,7 +496,8 @@ static int emit(remap_ctx *c, const rs_map_row *r, const char *name,
 		 * pieces must not read as a grid, they are merged rows.  An
 		 * HF model is one file: its tensors are merged, whatever
 		 * chunks they came from. */
-		if (!err && c->f->stack && r->op != RS_MAP_FUSE_QKV)
+		if (!err && strcmp(c->f->to, "mcore") == 0 &&
+		    r->op != RS_MAP_FUSE_QKV)
 			rs_tensor_make_regular(t);
 	}
 	free(fl.f);
@@ -714,9 +715,10 @@ static bool number(const char *s, uint64_t max, uint64_t *out)
 
 /* Sources one per layer and expert (HF's experts.<e>.gate_proj) into one
  * target of every layer, stacked [L, E, ...] (megatron's
- * experts.linear_fc1).  Every layer must hold experts 0..E-1. */
+ * experts.linear_fc1), or with `layer` (its number, else NULL) one of
+ * that layer, [E, ...].  Every layer must hold experts 0..E-1. */
 static int gather_experts(remap_ctx *c, const rs_map_row *r, int nsrc,
-			  const char *target)
+			  const char *target, const char *layer)
 {
 	const rs_catalog *cat = &c->ck->catalog;
 	expert_at *at = calloc(cat->count + 1, sizeof(*at));
@@ -733,7 +735,8 @@ static int gather_experts(remap_ctx *c, const rs_map_row *r, int nsrc,
 
 		if (c->dropped[i] ||
 		    !rs_map_match(r->from[0], skip_prefix(c->f, cat->tensors[i].name),
-				  false, n2, &nn) || nn != 2)
+				  false, n2, &nn) || nn != 2 ||
+		    (layer && strcmp(n2[0], layer)))
 			continue;
 		if (!number(n2[0], MAX_LAYERS, &at[n].l) ||
 		    !number(n2[1], MAX_EXPERTS, &at[n].e)) {
@@ -749,6 +752,11 @@ static int gather_experts(remap_ctx *c, const rs_map_row *r, int nsrc,
 		n++;
 	}
 	qsort(at, n, sizeof(*at), by_layer_expert);
+	/* one layer: its number is not a place in a stack */
+	for (size_t k = 0; layer && k < n; k++)
+		at[k].l = 0;
+	if (layer)
+		nl = n ? 1 : 0;
 	/* the grid, whole: n == nl * ne, and each (l, e) in order once */
 	for (size_t k = 0; k < n && !err; k++)
 		if (at[k].l != k / ne || at[k].e != k % ne) {
@@ -772,13 +780,16 @@ static int gather_experts(remap_ctx *c, const rs_map_row *r, int nsrc,
 
 		c->taken[at[k].i] = true;
 		refs[k * nsrc] = (src_ref){ &cat->tensors[at[k].i], -1, -1 };
-		snprintf(n2[0], 24, "%llu", (unsigned long long)at[k].l);
+		if (layer)
+			snprintf(n2[0], 24, "%s", layer);
+		else
+			snprintf(n2[0], 24, "%llu", (unsigned long long)at[k].l);
 		snprintf(n2[1], 24, "%llu", (unsigned long long)at[k].e);
 		err = other_sources(c, r, nsrc, n2, 2, false, -1, -1,
 				    &refs[k * nsrc], target);
 	}
 	if (!err)
-		err = emit(c, r, target, refs, nsrc, n, true, ne);
+		err = emit(c, r, target, refs, nsrc, n, !layer, ne);
 	free(refs);
 	free(at);
 	return err;
@@ -799,15 +810,16 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 	if ((stacked || nnums >= 1) && hashes(r->to) == nnums + stacked + 1)
 		return split_experts(c, r, t, nsrc, nums, nnums, stacked);
 	/* the source numbers its experts, the stacked target does not */
-	if (!stacked && c->f->stack && nnums == 2 && hashes(r->to) == 1 &&
-	    has_layer) {
-		err = subst(r->to, true, nums, 0, name, sizeof(name));
+	if (!stacked && nnums == 2 && hashes(r->to) == 1 && has_layer) {
+		err = subst(r->to, c->f->stack, nums, c->f->stack ? 0 : 1, name,
+			    sizeof(name));
 		if (err)
 			return name_err(c, r->to, err);
 		added = claim(c, r, name, t->name, true);
 		if (added <= 0)
 			return added;
-		return gather_experts(c, r, nsrc, name);
+		return gather_experts(c, r, nsrc, name,
+				      c->f->stack ? NULL : nums[0]);
 	}
 	if (stacked && c->f->stack && has_layer)
 		return stacked_to_stacked(c, r, t, nsrc, nums, nnums);
