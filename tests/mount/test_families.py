@@ -29,7 +29,7 @@ import pytest
 
 from conftest import daemon_path
 from mcore import CHECK, MCORE_PY, REPO, needs_mcore, run_py
-from test_bad_input import assert_refused, error_lines
+from test_bad_input import assert_refused
 
 HF_WRITER = REPO / "scripts" / "make_hf_family.py"
 CHECKER = Path(__file__).resolve().parent / "family_check.py"
@@ -363,6 +363,41 @@ def test_hf_config_contradicts_shapes(saved, failing_mount, tmp_path, field,
                     **{field: value})
     rc, err = failing_mount(src, ["format=hf", f"hf_config={cfg}"])
     assert_refused(rc, err, field, str(value), str(want))
+
+
+DROP_ARGS = """
+import sys, torch
+p = sys.argv[1]
+sd = torch.load(p, weights_only=False)
+del sd["args"]
+torch.save(sd, p)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("field,value", [("head_dim", 16),
+                                         ("intermediate_size", 256)])
+def test_hf_config_contradicts_shapes_no_args(saved, failing_mount, tmp_path,
+                                              field, value):
+    """The same checkpoint without Megatron-LM's args: hf_config (the
+    source's own config.json but one field) must tell every fact, and the
+    stored shapes refuse the wrong one, naming it and both values."""
+    src, oracle = saved("qwen2", 2, 1, "torch_dist")
+    real = json.loads((oracle / "model.json").read_text())["config"]
+    want = real.get(field) or real["hidden_size"] // \
+        real["num_attention_heads"]
+    bad = tmp_path / "qwen2_no_args"
+    shutil.copytree(src, bad)
+    run_py("-c", DROP_ARGS, bad / "common.pt")
+    good = hf_config(tmp_path, "good.json", **real)
+    rc, err = failing_mount(bad, ["format=hf"])
+    assert_refused(rc, err, "-o hf_config=")
+    cfg = hf_config(tmp_path, **dict(real, **{field: value}))
+    rc, err = failing_mount(bad, ["format=hf", f"hf_config={cfg}"])
+    assert_refused(rc, err, field, str(value), str(want), "shape")
+    # and the source's own config.json is taken
+    rc, out, err = dry_run(bad, "-o", f"format=hf,hf_config={good}")
+    assert rc == 0, err
 
 
 EDIT_ARGS = """
