@@ -359,15 +359,16 @@ int rs_rules_load_json(rs_rules *r, const char *path, rs_diag *d)
 		goto out_text;
 	}
 	list = cJSON_GetObjectItemCaseSensitive(root, "rules");
-	/* A file may hold only "names" rows (formats/bridge/rows.c reads
-	 * those). */
+	/* A file may hold only "names" rows or "families" (the bridge reads
+	 * those: formats/bridge/rows.c, family.c). */
 	if (!list && cJSON_IsObject(root) &&
-	    cJSON_GetObjectItemCaseSensitive(root, "names")) {
+	    (cJSON_GetObjectItemCaseSensitive(root, "names") ||
+	     cJSON_GetObjectItemCaseSensitive(root, "families"))) {
 		err = 0;
 		goto out_json;
 	}
 	if (!cJSON_IsArray(list)) {
-		rs_diag_add(d, "%s: needs a top-level object with a \"rules\" array (or a \"names\" list)",
+		rs_diag_add(d, "%s: needs a top-level object with a \"rules\" array (or a \"names\" or \"families\" list)",
 			    path);
 		goto out_json;
 	}

@@ -344,12 +344,14 @@ static void row_name(const remap_ctx *c, const rs_map_row *r, char *out,
 {
 	bool user = user_row(c, r);
 
-	snprintf(out, size, "%s row \"%s\" <- \"%s\"%s%s%s",
-		 user ? "the names" : "the built-in", r->to ? r->to : "null",
-		 r->from[0], user ? " of " : " (",
-		 user ? (c->user_path ? c->user_path : "-o rules=")
-		      : c->f->info ? c->f->info->path : c->f->name,
-		 user ? "" : ")");
+	if (user)
+		snprintf(out, size, "the names row \"%s\" <- \"%s\" of %s",
+			 r->to ? r->to : "null", r->from[0],
+			 c->user_path ? c->user_path : "-o rules=");
+	else
+		snprintf(out, size, "the row \"%s\" <- \"%s\" of family %s (%s)",
+			 r->to ? r->to : "null", r->from[0], c->f->name,
+			 c->f->info ? c->f->info->path : "built in");
 }
 
 /* Target `name` about to be made by row r from stored tensor `src`: 1

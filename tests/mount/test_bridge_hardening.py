@@ -174,7 +174,7 @@ def test_user_row_taking_a_builtin_target_refused(hf, tmp_path,
     rc, err = failing_mount(hf, ["names=mcore", f"rules={rules}"])
     assert_refused(rc, err, "decoder.final_layernorm.weight",
                    "made twice", "names row", str(rules),
-                   "model.extra_norm.weight", "built-in row",
+                   "model.extra_norm.weight", "row", "of family llama",
                    "model.norm.weight")
 
 

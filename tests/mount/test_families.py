@@ -178,7 +178,10 @@ MCORE_CASES = (
     + [pytest.param(f, 2, 2, "torch_dist", False,
                     id=f"{f}-tp2-ep2-torch_dist") for f in MOE]
     + [pytest.param(f, 1, 2, "torch_dist", True,
-                    id=f"{f}-packed-tp1-ep2-torch_dist") for f in MOE])
+                    id=f"{f}-packed-tp1-ep2-torch_dist") for f in MOE]
+    # multi-latent attention, dense first layer: layers keyed apart
+    + [pytest.param("deepseek_v3", 2, 2, "torch_dist", False,
+                    id="deepseek_v3-tp2-ep2-torch_dist")])
 
 
 @pytest.mark.parametrize("family,tp,ep,fmt,packed", MCORE_CASES)
@@ -200,7 +203,9 @@ HF_CASES = (
      for f in DENSE]
     + [pytest.param("qwen2", 2, 1, "zarr", id="qwen2-tp2-zarr")]
     + [pytest.param(f, 2, 2, "torch_dist", id=f"{f}-tp2-ep2-torch_dist")
-       for f in MOE])
+       for f in MOE]
+    + [pytest.param("deepseek_v3", 2, 2, "zarr",
+                    id="deepseek_v3-tp2-ep2-zarr")])
 
 
 @pytest.mark.parametrize("family,tp,ep,fmt", HF_CASES)
