@@ -364,7 +364,11 @@ static int to_hf_object(eval *e, const rs_fact_def *f, cJSON **have,
 	int err = 0;
 
 	if (e->user && lookup(e->user, f->hf)) {
-		*have = cJSON_Duplicate(lookup(e->user, f->hf), true);
+		int err2 = typed(e, f, lookup(e->user, f->hf), e->o->hf_config,
+				 have);
+
+		if (err2)
+			return err2;
 		snprintf(src, 160, "%s", e->o->hf_config);
 		if (flag && !cJSON_IsTrue(flag)) {
 			rs_diag_add(e->d, "%s: %s gives %s, but args.%s is not set",
