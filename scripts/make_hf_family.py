@@ -5,6 +5,7 @@ save_pretrained, and the oracle of its forward.
 Usage:
     python make_hf_family.py FAMILY OUTDIR [--oracle DIR] [--seed S]
                              [--tied] [--experts per_expert|packed]
+                             [--set KEY=VALUE ...]
 
 FAMILY is one of llama3, qwen2, qwen3, mistral, phi3, mixtral, qwen3_moe,
 olmoe, deepseek_v3.  Each model is tiny (hidden 64, 2 layers, vocab
@@ -26,6 +27,10 @@ family apart:
     deepseek_v3 MLA (q_lora, kv_lora, rope/nope split), layer 0 dense, 8
                 routed experts top-2 in 2 groups, a shared expert, sigmoid
                 scores with e_score_correction_bias
+
+--set KEY=VALUE (repeatable) replaces one argument of the family's config
+(KEY a transformers config key, VALUE JSON): a bigger model of the same
+family, e.g. --set hidden_size=1024 --set num_experts=32 (the benchmark's).
 
 OUTDIR gets what <Family>ForCausalLM(config).save_pretrained(OUTDIR)
 writes (transformers 4.57: experts one tensor per expert).  With
@@ -65,8 +70,9 @@ VOCAB, HIDDEN, LAYERS, HEADS, KV, FFN = 1000, 64, 2, 8, 4, 128
 EXPERTS, TOPK, MOE_FFN = 8, 2, 32
 
 
-def family_config(family, tied=False):
-    """The transformers config of the tiny FAMILY model."""
+def family_config(family, tied=False, overrides=None):
+    """The transformers config of the tiny FAMILY model; overrides (config
+    keys, e.g. {"hidden_size": 1024}) replace its arguments."""
     import transformers as tf
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN,
                   num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -74,6 +80,10 @@ def family_config(family, tied=False):
                   rms_norm_eps=1e-6, tie_word_embeddings=tied,
                   hidden_act="silu", bos_token_id=1, eos_token_id=2,
                   pad_token_id=None, dtype="float32")
+
+    def make(cls, **kw):
+        return cls(**{**common, **kw, **(overrides or {})})
+
     if family == "llama3":
         # head_dim 16 (4 heads, 2 kv heads): four of the eight rotary
         # frequencies fall in the smoothed or divided regimes.  Within 24
@@ -81,53 +91,54 @@ def family_config(family, tied=False):
         # logits by 1.7 times the tolerance, no rope scaling by 17 times
         common.update(max_position_embeddings=131072, num_attention_heads=4,
                       num_key_value_heads=2)
-        return tf.LlamaConfig(
-            **common, intermediate_size=FFN, rope_theta=500000.0,
+        return make(
+            tf.LlamaConfig, intermediate_size=FFN, rope_theta=500000.0,
             rope_scaling={"rope_type": "llama3", "factor": 32.0,
                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8192},
             attention_bias=False, mlp_bias=False)
     if family == "qwen2":
-        return tf.Qwen2Config(**common, intermediate_size=FFN,
-                              rope_theta=1000000.0, use_sliding_window=False)
+        return make(tf.Qwen2Config, intermediate_size=FFN,
+                    rope_theta=1000000.0, use_sliding_window=False)
     if family == "qwen3":
-        return tf.Qwen3Config(**common, intermediate_size=FFN, head_dim=16,
-                              rope_theta=1000000.0, attention_bias=False,
-                              use_sliding_window=False)
+        return make(tf.Qwen3Config, intermediate_size=FFN, head_dim=16,
+                    rope_theta=1000000.0, attention_bias=False,
+                    use_sliding_window=False)
     if family == "mistral":
-        return tf.MistralConfig(**common, intermediate_size=FFN, head_dim=32,
-                                rope_theta=1000000.0, sliding_window=None)
+        return make(tf.MistralConfig, intermediate_size=FFN, head_dim=32,
+                    rope_theta=1000000.0, sliding_window=None)
     if family == "phi3":
-        return tf.Phi3Config(**common, intermediate_size=FFN,
-                             rope_theta=10000.0, rope_scaling=None,
-                             partial_rotary_factor=1.0, sliding_window=None,
-                             original_max_position_embeddings=128)
+        return make(tf.Phi3Config, intermediate_size=FFN,
+                    rope_theta=10000.0, rope_scaling=None,
+                    partial_rotary_factor=1.0, sliding_window=None,
+                    original_max_position_embeddings=128)
     if family == "mixtral":
-        return tf.MixtralConfig(**common, intermediate_size=MOE_FFN,
-                                num_local_experts=EXPERTS,
-                                num_experts_per_tok=TOPK, rope_theta=1e6,
-                                sliding_window=None, router_jitter_noise=0.0,
-                                output_router_logits=False)
+        return make(tf.MixtralConfig, intermediate_size=MOE_FFN,
+                    num_local_experts=EXPERTS,
+                    num_experts_per_tok=TOPK, rope_theta=1e6,
+                    sliding_window=None, router_jitter_noise=0.0,
+                    output_router_logits=False)
     if family == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**common, intermediate_size=FFN,
-                                 moe_intermediate_size=MOE_FFN,
-                                 num_experts=EXPERTS,
-                                 num_experts_per_tok=TOPK,
-                                 norm_topk_prob=True, decoder_sparse_step=1,
-                                 mlp_only_layers=[], head_dim=16,
-                                 rope_theta=1e6, attention_bias=False,
-                                 use_sliding_window=False,
-                                 output_router_logits=False)
+        return make(tf.Qwen3MoeConfig, intermediate_size=FFN,
+                    moe_intermediate_size=MOE_FFN,
+                    num_experts=EXPERTS,
+                    num_experts_per_tok=TOPK,
+                    norm_topk_prob=True, decoder_sparse_step=1,
+                    mlp_only_layers=[], head_dim=16,
+                    rope_theta=1e6, attention_bias=False,
+                    use_sliding_window=False,
+                    output_router_logits=False)
     if family == "olmoe":
-        return tf.OlmoeConfig(**common, intermediate_size=MOE_FFN,
-                              num_experts=EXPERTS, num_experts_per_tok=TOPK,
-                              norm_topk_prob=False, rope_theta=10000.0,
-                              clip_qkv=None, attention_bias=False,
-                              output_router_logits=False)
+        return make(tf.OlmoeConfig, intermediate_size=MOE_FFN,
+                    num_experts=EXPERTS, num_experts_per_tok=TOPK,
+                    norm_topk_prob=False, rope_theta=10000.0,
+                    clip_qkv=None, attention_bias=False,
+                    output_router_logits=False)
     if family == "deepseek_v3":
         common.update(num_key_value_heads=HEADS)
-        return tf.DeepseekV3Config(
-            **common, intermediate_size=FFN, moe_intermediate_size=MOE_FFN,
+        return make(
+            tf.DeepseekV3Config, intermediate_size=FFN,
+            moe_intermediate_size=MOE_FFN,
             n_routed_experts=EXPERTS, n_shared_experts=1,
             num_experts_per_tok=TOPK, n_group=2, topk_group=1,
             first_k_dense_replace=1, norm_topk_prob=True,
@@ -218,6 +229,20 @@ def write_packed(out, family, config):
     save_file(pack_experts(tensors, family, n), path, metadata=meta)
 
 
+def parse_set(items):
+    """["hidden_size=1024", ...] -> {"hidden_size": 1024, ...}"""
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"--set {item!r}: not KEY=VALUE")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("family", choices=FAMILIES)
@@ -228,6 +253,8 @@ def main(argv=None):
                     help="tie_word_embeddings (no lm_head.weight saved)")
     ap.add_argument("--experts", choices=["per_expert", "packed"],
                     default="per_expert")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config argument (VALUE JSON), repeatable")
     a = ap.parse_args(argv)
     if a.experts == "packed" and a.family not in MOE:
         ap.error(f"--experts packed: {a.family} has no experts")
@@ -241,7 +268,7 @@ def main(argv=None):
         ap.error(f"{out} exists and is not empty")
     oracle = os.path.abspath(a.oracle or out + ".oracle")
     torch.manual_seed(a.seed)
-    config = family_config(a.family, a.tied)
+    config = family_config(a.family, a.tied, parse_set(a.set))
     cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
     model = cls(config)
     randomize(model, a.seed)

@@ -15,7 +15,7 @@ the first difference (exit status 1 with the reason); "ok" on success.
         transformers' within 1e-4 * max(1, max |want|).
 
     family_check.py save FAMILY OUT --tp T [--ep E] --format zarr|torch_dist
-                         [--oracle DIR] [--seed S] [--tied]
+                         [--oracle DIR] [--seed S] [--tied] [--set KEY=VALUE ...]
         A megatron-core checkpoint of FAMILY: the weights of
         make_hf_family's random FAMILY model, mapped to megatron-core
         (mcore_from_hf), loaded into the GPTModel at tp/ep and saved with
@@ -27,7 +27,8 @@ the first difference (exit status 1 with the reason); "ok" on success.
         format=hf view must show, transformers 4.57 names, per expert) and
         model.json (family, layout, the HF config.json the view should
         say).  Also checks megatron-core's logits against transformers' on
-        the same weights.
+        the same weights.  --set: make_hf_family.py's (a bigger model of
+        the family, as scripts/bench_hf makes).
 
     family_check.py hf MNT ORACLE
         MNT: a format=hf view of a checkpoint `save` wrote.  The config's
@@ -674,11 +675,13 @@ def spawn(job):
     return result.get()
 
 
-def hf_model(family, outdir, seed=4321, tied=False):
-    """make_hf_family's FAMILY model in outdir (its oracle outdir.oracle)."""
+def hf_model(family, outdir, seed=4321, tied=False, sets=()):
+    """make_hf_family's FAMILY model in outdir (its oracle outdir.oracle);
+    sets: its --set KEY=VALUE arguments."""
     if not (Path(outdir) / "config.json").exists():
         rc = mhf.main([family, str(outdir), "--seed", str(seed)]
-                      + (["--tied"] if tied else []))
+                      + (["--tied"] if tied else [])
+                      + [x for s in sets for x in ("--set", s)])
         assert rc == 0, rc
     return json.loads((Path(outdir) / "config.json").read_text())
 
@@ -720,18 +723,21 @@ def save(argv):
     ap.add_argument("--oracle")
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="make_hf_family.py's --set: a bigger model")
     a = ap.parse_args(argv)
     out = os.path.abspath(a.out)
     if os.path.exists(out) and os.listdir(out):
         ap.error(f"{out} exists and is not empty")
     oracle = Path(os.path.abspath(a.oracle or out + ".oracle"))
     try:
-        settings(json.loads(mhf.family_config(a.family, a.tied).to_json_string()))
+        settings(json.loads(mhf.family_config(
+            a.family, a.tied, mhf.parse_set(a.set)).to_json_string()))
     except NotExpressible as e:
         ap.error(f"megatron-core 0.15.3 cannot express it: {e}")
     with tempfile.TemporaryDirectory() as tmp:
         hfdir = Path(tmp) / a.family
-        cfg = hf_model(a.family, hfdir, a.seed, a.tied)
+        cfg = hf_model(a.family, hfdir, a.seed, a.tied, a.set)
         oracle.mkdir(parents=True, exist_ok=True)
         print(spawn(dict(mode="save", cfg=cfg, tp=a.tp, ep=a.ep,
                          hfdir=str(hfdir), oracle_in=str(hfdir) + ".oracle",
