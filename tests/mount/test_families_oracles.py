@@ -6,7 +6,7 @@ one here wrote, beside test_families.py's megatron-core and transformers
   megatron-core conversion of an HF directory equals the names=mcore view
   of the same directory, tensor for tensor, for every family it has a
   bridge for (Llama with llama3 rope scaling, Qwen2, Qwen3, Mistral,
-  Qwen3-MoE; 0.6.2 has none for Mixtral or Phi-3);
+  Qwen3-MoE, DeepSeek-V3; 0.6.2 has none for Mixtral or Phi-3);
 - transformers 5 (.venv-tf5): from_pretrained of the format=hf view of a
   megatron-core MoE checkpoint, per-expert and packed
   (-o hf_experts=packed), gives megatron-core's logits; and a packed HF
@@ -62,7 +62,7 @@ def hf_dirs(tmp_path_factory):
 @needs_mcore
 @needs_bridge
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "mistral",
-                                    "qwen3_moe"])
+                                    "qwen3_moe", "deepseek_v3"])
 def test_megatron_bridge_equals_view(hf_dirs, mount, tmp_path, family):
     src = hf_dirs(family)
     npz = tmp_path / "bridge.npz"
