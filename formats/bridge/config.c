@@ -292,6 +292,51 @@ static int from_tensors(eval *e, const rs_fact_def *f, cJSON **have, char *src)
 	return err;
 }
 
+/* A fact no source gave: as another fact (same_as), the family's
+ * constant, or its default, when it has one. */
+static void fall_back(eval *e, const rs_fact_def *fd, size_t i)
+{
+	if (!e->val[i] && fd->same_as && value_of(e, fd->same_as)) {
+		e->val[i] = cJSON_Duplicate(value_of(e, fd->same_as), true);
+		snprintf(e->src[i], 160, "as %s", fd->same_as);
+	}
+	if (!e->val[i] && fd->value) {
+		e->val[i] = cJSON_Duplicate(fd->value, true);
+		snprintf(e->src[i], 160, "the family");
+	}
+	if (!e->val[i] && fd->dflt) {
+		e->val[i] = cJSON_Duplicate(fd->dflt, true);
+		snprintf(e->src[i], 160, "the family's default");
+	}
+}
+
+/* The required facts still unknown - before the remap only those no
+ * later source (shapes, counts, constants) can give - refused in one
+ * line naming the option that gives them. */
+static int report_missing(eval *e, bool before_remap)
+{
+	const rs_family_info *fi = e->f->info;
+	char missing[300] = "";
+	size_t n = 0;
+
+	for (size_t i = 0; i < fi->nfacts; i++) {
+		const rs_fact_def *fd = &fi->facts[i];
+
+		if (e->val[i] || !fd->required ||
+		    (before_remap && (fd->shape || fd->count || fd->value ||
+				      fd->dflt)) || n++ >= 6)
+			continue;
+		snprintf(missing + strlen(missing),
+			 sizeof(missing) - strlen(missing), "%s%s",
+			 n > 1 ? ", " : "", fd->hf);
+	}
+	if (!n)
+		return 0;
+	rs_diag_add(e->d, "%s: the hf view of family %s needs %s, which this checkpoint does not record: give %s in -o hf_config=FILE (a JSON object of config.json fields)",
+		    e->ck->dir_path, e->f->name, missing, n > 1 ? "them" : "it");
+	return -EINVAL;
+}
+
 /* Toward HF, before the remap: the records' sources and the user's. */
 static int to_hf_records(eval *e, const rs_fact_def *f, cJSON **have,
 			 char *src)
@@ -519,8 +564,6 @@ int rs_config_to_hf(rs_checkpoint *ck, const rs_family *f,
 	const rs_family_info *fi = f->info;
 	eval *e = calloc(1, sizeof(*e));
 	cJSON *user = NULL;
-	char missing[300] = "";
-	size_t nmiss = 0;
 	int err = e ? eval_init(e, ck, f, o, true, d) : -ENOMEM;
 
 	*out = NULL;
@@ -544,22 +587,8 @@ int rs_config_to_hf(rs_checkpoint *ck, const rs_family *f,
 		else
 			err = to_hf_records(e, fd, &e->val[i], e->src[i]);
 	}
-	/* what no later source can give */
-	for (size_t i = 0; i < fi->nfacts && !err; i++) {
-		const rs_fact_def *fd = &fi->facts[i];
-
-		if (!e->val[i] && fd->required && !fd->shape && !fd->count &&
-		    !fd->value && !fd->dflt && nmiss++ < 6)
-			snprintf(missing + strlen(missing),
-				 sizeof(missing) - strlen(missing), "%s%s",
-				 nmiss > 1 ? ", " : "", fd->hf);
-	}
-	if (!err && nmiss) {
-		rs_diag_add(d, "%s: the hf view of family %s needs %s, which this checkpoint does not record: give %s in -o hf_config=FILE (a JSON object of config.json fields)",
-			    ck->dir_path, f->name, missing,
-			    nmiss > 1 ? "them" : "it");
-		err = -EINVAL;
-	}
+	if (!err)
+		err = report_missing(e, true);
 	if (!err)
 		dims_of(e, dims);
 	if (err) {
@@ -577,8 +606,6 @@ int rs_config_to_hf_finish(rs_config_eval *e, rs_diag *d)
 {
 	const rs_family_info *fi = e->f->info;
 	rs_checkpoint *ck = e->ck;
-	char missing[300] = "";
-	size_t nmiss = 0;
 	cJSON *out = NULL;
 	int err = 0;
 
@@ -587,29 +614,11 @@ int rs_config_to_hf_finish(rs_config_eval *e, rs_diag *d)
 		const rs_fact_def *fd = &fi->facts[i];
 
 		err = from_tensors(e, fd, &e->val[i], e->src[i]);
-		if (!err && !e->val[i] && fd->same_as && value_of(e, fd->same_as)) {
-			e->val[i] = cJSON_Duplicate(value_of(e, fd->same_as), true);
-			snprintf(e->src[i], 160, "as %s", fd->same_as);
-		}
-		if (!err && !e->val[i] && fd->value) {
-			e->val[i] = cJSON_Duplicate(fd->value, true);
-			snprintf(e->src[i], 160, "the family");
-		}
-		if (!err && !e->val[i] && fd->dflt) {
-			e->val[i] = cJSON_Duplicate(fd->dflt, true);
-			snprintf(e->src[i], 160, "the family's default");
-		}
-		if (!err && !e->val[i] && fd->required && nmiss++ < 6)
-			snprintf(missing + strlen(missing),
-				 sizeof(missing) - strlen(missing), "%s%s",
-				 nmiss > 1 ? ", " : "", fd->hf);
+		if (!err)
+			fall_back(e, fd, i);
 	}
-	if (!err && nmiss) {
-		rs_diag_add(d, "%s: the hf view of family %s needs %s, which this checkpoint does not record: give %s in -o hf_config=FILE (a JSON object of config.json fields)",
-			    ck->dir_path, e->f->name, missing,
-			    nmiss > 1 ? "them" : "it");
-		err = -EINVAL;
-	}
+	if (!err)
+		err = report_missing(e, false);
 	if (!err) {
 		out = e->user ? cJSON_Duplicate(e->user, true) : cJSON_CreateObject();
 		if (!out)
@@ -706,14 +715,8 @@ int rs_config_from_hf(rs_checkpoint *ck, const rs_family *f,
 				    path, fd->hf, a, f->name, fi->path, b);
 			err = -EINVAL;
 		}
-		if (!err && !e.val[i] && fd->same_as && value_of(&e, fd->same_as)) {
-			e.val[i] = cJSON_Duplicate(value_of(&e, fd->same_as), true);
-			snprintf(e.src[i], 160, "as %s", fd->same_as);
-		}
-		if (!err && !e.val[i] && fd->dflt) {
-			e.val[i] = cJSON_Duplicate(fd->dflt, true);
-			snprintf(e.src[i], 160, "the family's default");
-		}
+		if (!err)
+			fall_back(&e, fd, i);
 		if (!err && e.val[i]) {
 			char t[140];
 

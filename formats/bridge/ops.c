@@ -34,11 +34,11 @@ static int add(rs_map_job *j, int k, uint64_t lo, uint64_t hi, uint64_t at)
 	return 0;
 }
 
-static int qkv_split(rs_map_job *j)
+/* A fused qkv's rows as H query heads and G k and v heads of d rows
+ * each: d, and q = the query rows of one group. */
+static int qkv_rows(rs_map_job *j, uint64_t *d, uint64_t *q)
 {
 	uint64_t rows = j->shape[0][0], h = j->dims->heads, g = j->dims->groups;
-	uint64_t d, q;
-	int which = j->op - RS_MAP_QKV_Q;       /* 0 q, 1 k, 2 v */
 	int err = need(j, h && g, "the head and query group counts are unknown");
 
 	if (!err && (h % g || rows % (h + 2 * g))) {
@@ -50,8 +50,19 @@ static int qkv_split(rs_map_job *j)
 	}
 	if (err)
 		return err;
-	d = rows / (h + 2 * g);
-	q = h / g * d;
+	*d = rows / (h + 2 * g);
+	*q = h / g * *d;
+	return 0;
+}
+
+static int qkv_split(rs_map_job *j)
+{
+	uint64_t h = j->dims->heads, g = j->dims->groups, d, q;
+	int which = j->op - RS_MAP_QKV_Q;       /* 0 q, 1 k, 2 v */
+	int err = qkv_rows(j, &d, &q);
+
+	if (err)
+		return err;
 	for (uint64_t i = 0; i < g; i++) {
 		uint64_t base = i * (q + 2 * d);
 
@@ -96,21 +107,11 @@ static int qkv_fuse(rs_map_job *j)
  * [q (H heads); k (G); v (G)]: the same 3G pieces, one way or back. */
 static int qkv_flat(rs_map_job *j, bool to_flat)
 {
-	uint64_t rows = j->shape[0][0], h = j->dims->heads, g = j->dims->groups;
-	uint64_t d, q;
-	int err = need(j, h && g, "the head and query group counts are unknown");
+	uint64_t h = j->dims->heads, g = j->dims->groups, d, q;
+	int err = qkv_rows(j, &d, &q);
 
-	if (!err && (h % g || rows % (h + 2 * g))) {
-		snprintf(j->why, sizeof(j->why), "its %llu rows are not %llu query heads and %llu k and v heads each (num_attention_heads %llu, num_key_value_heads %llu)",
-			 (unsigned long long)rows, (unsigned long long)h,
-			 (unsigned long long)g, (unsigned long long)h,
-			 (unsigned long long)g);
-		err = -EINVAL;
-	}
 	if (err)
 		return err;
-	d = rows / (h + 2 * g);
-	q = h / g * d;
 	for (uint64_t i = 0; i < g; i++) {
 		uint64_t grp = i * (q + 2 * d);         /* megatron's rows */
 		uint64_t fq = i * q, fk = h * d + i * d, fv = (h + g) * d + i * d;

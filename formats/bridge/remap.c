@@ -644,24 +644,29 @@ static int hashes(const char *pat)
 
 #define MAX_EXPERTS 65536u
 
-/* A source whose axis after the layer numbers the experts (megatron's
- * experts.linear_fc1 [L, E, ...], or [E, ...] per layer) into one target
- * per layer and expert (HF's experts.<e>.gate_proj). */
-static int split_experts(remap_ctx *c, const rs_map_row *r, const rs_tensor *t,
-			 int nsrc, char nums[2][24], int nnums, bool stacked)
+/* A source into one target per layer (a stacked source's axis 0) and,
+ * with `experts`, per expert (the next axis: megatron's
+ * experts.linear_fc1 [L, E, ...], or [E, ...] per layer, into HF's
+ * experts.<e>.gate_proj). */
+static int split_slots(remap_ctx *c, const rs_map_row *r, const rs_tensor *t,
+		       int nsrc, char nums[2][24], int nnums, bool stacked,
+		       bool experts)
 {
-	int ax = stacked;
 	uint64_t layers = stacked ? (t->ndim ? t->shape[0] : 0) : 1;
-	uint64_t experts = t->ndim > ax ? t->shape[ax] : 0;
+	uint64_t ne = !experts ? 1 : t->ndim > stacked ? t->shape[stacked] : 0;
 
-	if (!layers || layers > MAX_LAYERS || !experts || experts > MAX_EXPERTS) {
+	if (!layers || layers > MAX_LAYERS) {
+		rs_diag_add(c->d, "%s: %s: no layer axis", c->ck->dir_path, t->name);
+		return -EINVAL;
+	}
+	if (!ne || ne > MAX_EXPERTS) {
 		rs_diag_add(c->d, "%s: %s: no %s axis of experts for %s",
 			    c->ck->dir_path, t->name, stacked ? "second" : "first",
 			    r->to);
 		return -EINVAL;
 	}
 	for (uint64_t l = 0; l < layers; l++)
-		for (uint64_t e = 0; e < experts; e++) {
+		for (uint64_t e = 0; e < ne; e++) {
 			char vals[4][24], name[NAME_SIZE];
 			src_ref refs[RS_MAP_MAX_FROM];
 			int n = 0, err, added;
@@ -670,7 +675,8 @@ static int split_experts(remap_ctx *c, const rs_map_row *r, const rs_tensor *t,
 				snprintf(vals[n++], 24, "%llu", (unsigned long long)l);
 			for (int k = 0; k < nnums; k++)
 				memcpy(vals[n++], nums[k], 24);
-			snprintf(vals[n++], 24, "%llu", (unsigned long long)e);
+			if (experts)
+				snprintf(vals[n++], 24, "%llu", (unsigned long long)e);
 			err = subst(r->to, false, vals, n, name, sizeof(name));
 			if (err)
 				return name_err(c, r->to, err);
@@ -679,9 +685,11 @@ static int split_experts(remap_ctx *c, const rs_map_row *r, const rs_tensor *t,
 				return added;
 			if (!added)
 				continue;
-			refs[0] = (src_ref){ t, stacked ? (int64_t)l : -1, (int64_t)e };
+			refs[0] = (src_ref){ t, stacked ? (int64_t)l : -1,
+					     experts ? (int64_t)e : -1 };
 			err = other_sources(c, r, nsrc, nums, nnums, stacked,
-					    refs[0].layer, (int64_t)e, refs, name);
+					    refs[0].layer, refs[0].expert, refs,
+					    name);
 			if (!err)
 				err = emit(c, r, name, refs, nsrc, 1, false, 0);
 			if (err)
@@ -810,7 +818,7 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 
 	/* the target numbers one more thing than the source: its experts */
 	if ((stacked || nnums >= 1) && hashes(r->to) == nnums + stacked + 1)
-		return split_experts(c, r, t, nsrc, nums, nnums, stacked);
+		return split_slots(c, r, t, nsrc, nums, nnums, stacked, true);
 	/* the source numbers its experts, the stacked target does not */
 	if (!stacked && nnums == 2 && hashes(r->to) == 1 && has_layer) {
 		err = subst(r->to, c->f->stack, nums, c->f->stack ? 0 : 1, name,
@@ -849,33 +857,7 @@ static int apply_match(remap_ctx *c, const rs_map_row *r, size_t i,
 		return gather_layers(c, r, nsrc, nums, nnums, name);
 	}
 	/* a stacked source into one target per layer */
-	if (t->ndim < 1 || t->shape[0] > MAX_LAYERS) {
-		rs_diag_add(c->d, "%s: %s: no layer axis", c->ck->dir_path, t->name);
-		return -EINVAL;
-	}
-	for (uint64_t l = 0; l < t->shape[0]; l++) {
-		char vals[3][24];
-
-		snprintf(vals[0], sizeof(vals[0]), "%llu", (unsigned long long)l);
-		for (int k = 0; k < nnums; k++)
-			memcpy(vals[k + 1], nums[k], sizeof(vals[0]));
-		err = subst(r->to, false, vals, nnums + 1, name, sizeof(name));
-		if (err)
-			return name_err(c, r->to, err);
-		added = claim(c, r, name, t->name, false);
-		if (added < 0)
-			return added;
-		if (!added)
-			continue;
-		refs[0] = (src_ref){ t, (int64_t)l, -1 };
-		err = other_sources(c, r, nsrc, nums, nnums, true, (int64_t)l,
-				    -1, refs, name);
-		if (!err)
-			err = emit(c, r, name, refs, nsrc, 1, false, 0);
-		if (err)
-			return err;
-	}
-	return 0;
+	return split_slots(c, r, t, nsrc, nums, nnums, true, false);
 }
 
 static bool row_applies(const rs_map_row *r, const rs_map_dims *dims)

@@ -24,30 +24,13 @@
 #include "formats/facts.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/unit/hf_llama_catalog.h"
-#include "formats/bridge/family.h"
+#include "tests/unit/families.h"
 
 #define RULES "fuzz/rules.json"
 #define CONFIG "fuzz/config.json"
 #define DIR "fuzz"
 
 /* ---- part 0: rows, applied ------------------------------------------ */
-
-
-/* The built-in family files (share/reshardfs/families/), loaded once. */
-static const rs_family *family_find(const char *name, const char *from,
-				    const char *to)
-{
-	static rs_families *fs;
-
-	if (!fs) {
-		rs_diag *d = rs_diag_new();
-
-		if (!d || rs_families_load(NULL, &fs, d))
-			abort();
-		rs_diag_free(d);
-	}
-	return rs_families_find(fs, name, from, to);
-}
 
 static void check_rows(const rs_map_row *rows, size_t n)
 {

@@ -36,6 +36,26 @@ MISSING = _missing()
 needs_mcore = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
+def _transformers_missing():
+    """Why .venv-mcore cannot run transformers too, or None."""
+    if MISSING is not None:
+        return MISSING
+    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "megatron.core",
+                        "transformers", "safetensors"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
+                "transformers there (requirements-mcore.txt)")
+    return None
+
+
+# the tests that check with megatron-core and transformers both
+TRANSFORMERS_MISSING = _transformers_missing()
+needs_transformers = [needs_mcore, pytest.mark.skipif(
+    TRANSFORMERS_MISSING is not None, reason=TRANSFORMERS_MISSING or "")]
+
+
 # megatron-core 0.13.1 beside 0.15.3 (scripts/setup, requirements-mcore13.txt).
 MCORE13 = REPO / ".venv-mcore" / "mcore-0.13.1"
 needs_mcore13 = pytest.mark.skipif(

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import daemon_path
-from mcore import CHECK, MCORE_PY, REPO, needs_mcore, run_py
+from mcore import REPO, needs_transformers, run_py
 from test_bad_input import assert_refused
 
 HF_WRITER = REPO / "scripts" / "make_hf_family.py"
@@ -44,20 +44,7 @@ def families_dir():
     return d if d.is_dir() else FAMILIES_DIR
 
 
-def _missing():
-    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "megatron.core",
-                        "transformers", "safetensors"],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                       text=True, timeout=300)
-    if r.returncode != 0:
-        return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
-                "transformers there (requirements-mcore.txt)")
-    return None
-
-
-MISSING = _missing() if MCORE_PY.exists() else ".venv-mcore missing"
-pytestmark = [needs_mcore,
-              pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+pytestmark = needs_transformers
 
 DENSE = ["qwen2", "qwen3", "mistral", "llama3", "phi3"]
 MOE = ["mixtral", "qwen3_moe"]

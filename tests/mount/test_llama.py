@@ -16,32 +16,18 @@ transformers' forward and the HF tensors mapped and split with numpy.
 """
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from mcore import CHECK, MCORE_PY, REPO, needs_mcore, run_mcore, run_py
+from mcore import REPO, needs_transformers, run_mcore, run_py
 from test_bad_input import assert_erofs, assert_refused
 
 HF_WRITER = REPO / "scripts" / "make_hf_llama.py"
 CHECKER = Path(__file__).resolve().parent / "llama_check.py"
 
 
-def _missing():
-    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "megatron.core",
-                        "transformers", "safetensors"],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                       text=True, timeout=300)
-    if r.returncode != 0:
-        return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
-                "transformers there (requirements-mcore.txt)")
-    return None
-
-
-MISSING = _missing() if MCORE_PY.exists() else ".venv-mcore missing"
-pytestmark = [needs_mcore,
-              pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+pytestmark = needs_transformers
 
 ARCH = ["--rope-base", "50000", "--norm-eps", "1e-6"]
 # name: (make_mcore_checkpoint.py layout arguments, model arguments)

@@ -12,23 +12,7 @@
 #include "formats/bridge/bridge_int.h"
 #include "tests/unit/hf_llama_catalog.h"
 #include "tests/unit/check.h"
-#include "formats/bridge/family.h"
-
-/* The built-in family files (share/reshardfs/families/), loaded once. */
-static const rs_family *family_find(const char *name, const char *from,
-				    const char *to)
-{
-	static rs_families *fs;
-
-	if (!fs) {
-		rs_diag *d = rs_diag_new();
-
-		if (!d || rs_families_load(NULL, &fs, d))
-			abort();
-		rs_diag_free(d);
-	}
-	return rs_families_find(fs, name, from, to);
-}
+#include "tests/unit/families.h"
 
 static bool match(const char *pat, const char *name, bool stacked,
 		  const char *n0, const char *n1)
