@@ -264,7 +264,58 @@ def run_failing_mount(binary, src, mnt, opts, logdir, timeout=MOUNT_TIMEOUT):
 _NEEDS_DAEMON = {"reshardfs_bin", "mount", "failing_mount"}
 
 
+# The slow cases: more points of real-writer matrices whose other points
+# run every time, listed in slow_cases.txt (docs/TESTING.md, "What runs
+# where").  CI and scripts/test skip them; scripts/test --all
+# (RESHARDFS_ALL=1) runs them.
+SLOW_CASES = HERE / "slow_cases.txt"
+SLOW_REASON = ("slow real-writer case (tests/mount/slow_cases.txt), run by "
+               "scripts/test --all")
+
+
+def slow_cases():
+    """The node ids of slow_cases.txt, as FILE::TEST[PARAMS]."""
+    ids = set()
+    for line in SLOW_CASES.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            ids.add(line)
+    return ids
+
+
+def mark_slow(config, items):
+    """Marks the listed cases slow, and skips them unless RESHARDFS_ALL=1.
+    A line naming no test of a file that was collected whole (or of a test
+    function that was, when node ids picked the tests) is an error: a
+    renamed test must not quietly join the fast set."""
+    ids = slow_cases()
+    run_all = os.environ.get("RESHARDFS_ALL") == "1"
+    skip = pytest.mark.skip(reason=SLOW_REASON)
+    seen, collected = set(), set()
+    by_node_id = any("::" in str(a) for a in config.args)
+    for item in items:
+        key = f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
+        collected.add(key.split("[", 1)[0] if by_node_id else item.path.name)
+        if key in ids:
+            seen.add(key)
+            item.add_marker(pytest.mark.slow)
+            if not run_all:
+                item.add_marker(skip)
+    scope = (lambda i: i.split("[", 1)[0]) if by_node_id else \
+        (lambda i: i.split("::", 1)[0])
+    stale = sorted(i for i in ids - seen if scope(i) in collected)
+    if stale:
+        raise pytest.UsageError(f"{SLOW_CASES}: no such test: {stale[0]}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: a slow real-writer case (slow_cases.txt) that "
+        "only scripts/test --all (RESHARDFS_ALL=1) runs")
+
+
 def pytest_collection_modifyitems(config, items):
+    mark_slow(config, items)
     reason = skip_reason()
     if reason is None:
         return

@@ -63,9 +63,18 @@ needs_mcore13 = pytest.mark.skipif(
     reason=f"{MCORE13} missing: scripts/setup installs megatron-core 0.13.1 there")
 
 
+# transformers 5.24.0 beside 4.57 (scripts/setup, requirements-tf5.txt):
+# .venv-mcore's python with this folder first on PYTHONPATH.
+TF5 = REPO / ".venv-mcore" / "transformers-5.24.0"
+needs_tf5 = pytest.mark.skipif(
+    not (TF5 / "transformers").is_dir(),
+    reason=f"{TF5} missing: scripts/setup installs transformers 5 there")
+
+
 def run_py(*args, mcore=None):
-    """Runs .venv-mcore's python with args (megatron-core from the folder
-    `mcore` when given); fails the test on an error."""
+    """Runs .venv-mcore's python with args (with the folder `mcore` first
+    on PYTHONPATH when given: megatron-core 0.13.1, transformers 5); fails
+    the test on an error."""
     env = dict(os.environ, PYTHONPATH=str(mcore)) if mcore else None
     r = subprocess.run([str(MCORE_PY), *map(str, args)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

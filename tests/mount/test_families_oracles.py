@@ -7,7 +7,8 @@ one here wrote, beside test_families.py's megatron-core and transformers
   of the same directory, tensor for tensor, for every family it has a
   bridge for (Llama with llama3 rope scaling, Qwen2, Qwen3, Mistral,
   Qwen3-MoE, DeepSeek-V3; 0.6.2 has none for Mixtral or Phi-3);
-- transformers 5 (.venv-tf5): from_pretrained of the format=hf view of a
+- transformers 5 (.venv-mcore/transformers-5.24.0 over .venv-mcore's
+  torch): from_pretrained of the format=hf view of a
   megatron-core MoE checkpoint, per-expert and packed
   (-o hf_experts=packed), gives megatron-core's logits; and a packed HF
   directory (transformers 5's in-memory form) under names=mcore loads in
@@ -20,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from mcore import REPO, needs_mcore, run_py
+from mcore import REPO, TF5, needs_mcore, needs_tf5, run_py
 
 BRIDGE_PY = REPO / ".venv-bridge" / "bin" / "python"
-TF5_PY = REPO / ".venv-tf5" / "bin" / "python"
 VENV_PY = REPO / ".venv" / "bin" / "python"
 MAKER = REPO / "scripts" / "make_hf_family.py"
 FAMILY_CHECK = REPO / "tests" / "mount" / "family_check.py"
@@ -32,8 +32,6 @@ HERE = Path(__file__).resolve().parent
 needs_bridge = pytest.mark.skipif(
     not BRIDGE_PY.exists(),
     reason=".venv-bridge missing: scripts/setup makes it when a Python 3.12 is here")
-needs_tf5 = pytest.mark.skipif(
-    not TF5_PY.exists(), reason=".venv-tf5 missing: scripts/setup makes it")
 
 
 def run(py, *args):
@@ -83,7 +81,8 @@ def test_transformers5_loads_hf_view(mount, tmp_path_factory):
     oracle = Path(str(out) + ".oracle")
     for form in ([], ["hf_experts=packed"]):
         m = mount(out, ["format=hf", *form])
-        assert "ok" in run(TF5_PY, HERE / "tf5_check.py", "hf", m.mnt, oracle)
+        assert "ok" in run_py(HERE / "tf5_check.py", "hf", m.mnt, oracle,
+                              mcore=TF5)
         m.unmount()
 
 

@@ -1,5 +1,6 @@
-"""The transformers 5 side of tests/mount/test_families.py, run in
-.venv-tf5 (transformers 5.x): "ok" on success, exit status 1 with the
+"""The transformers 5 side of tests/mount/test_families_oracles.py, run
+by .venv-mcore's python with .venv-mcore/transformers-5.24.0 first on
+PYTHONPATH (transformers 5.x): "ok" on success, exit status 1 with the
 reason on the first difference.
 
     tf5_check.py hf MNT ORACLE

@@ -16,8 +16,8 @@ OUTDIR gets config.json, generation_config.json and model.safetensors as
 the running transformers writes them (4.57's per-expert names or 5.x's, as
 that version saves).
 
-Runs in any venv with torch and transformers (.venv-mcore: 4.57;
-.venv-tf5 and .venv-bridge: 5.x).
+Runs in any venv with torch and transformers (.venv-mcore: 4.57; with
+.venv-mcore/transformers-5.24.0 on PYTHONPATH, and .venv-bridge: 5.x).
 """
 import argparse
 import os
