@@ -291,19 +291,19 @@ def mark_slow(config, items):
     ids = slow_cases()
     run_all = os.environ.get("RESHARDFS_ALL") == "1"
     skip = pytest.mark.skip(reason=SLOW_REASON)
+    # what a line is checked against: its test function when node ids
+    # picked the tests, else its file
+    sep = "[" if any("::" in str(a) for a in config.args) else "::"
     seen, collected = set(), set()
-    by_node_id = any("::" in str(a) for a in config.args)
     for item in items:
         key = f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
-        collected.add(key.split("[", 1)[0] if by_node_id else item.path.name)
+        collected.add(key.split(sep, 1)[0])
         if key in ids:
             seen.add(key)
             item.add_marker(pytest.mark.slow)
             if not run_all:
                 item.add_marker(skip)
-    scope = (lambda i: i.split("[", 1)[0]) if by_node_id else \
-        (lambda i: i.split("::", 1)[0])
-    stale = sorted(i for i in ids - seen if scope(i) in collected)
+    stale = sorted(i for i in ids - seen if i.split(sep, 1)[0] in collected)
     if stale:
         raise pytest.UsageError(f"{SLOW_CASES}: no such test: {stale[0]}")
 
