@@ -178,6 +178,8 @@ void rs_checkpoint_close(rs_checkpoint *ck)
 	rs_sources_free(ck->sources);
 	rs_model_config_free(&ck->model);
 	rs_facts_free(&ck->facts);
+	free(ck->describe);
+	free(ck->notice);
 	free(ck->root_path);
 	memset(ck, 0, sizeof(*ck));
 }
@@ -711,6 +713,58 @@ out:
 	free(buf);
 	rs_zip_free(&z);
 	return err;
+}
+
+int rs_checkpoint_open_torch_save(rs_checkpoint *ck, uint32_t source,
+				  const char *path, const char *const *allow,
+				  size_t max, rs_zip *z, rs_pickle **pk,
+				  rs_diag *d)
+{
+	char msg[RS_ZIP_MSG_SIZE], perr[300];
+	const rs_zip_entry *pkl;
+	rs_pickle_limits lim;
+	uint8_t *buf = NULL;
+	int fd, err;
+
+	err = rs_sources_fd(ck->sources, source, &fd);
+	if (err) {
+		rs_diag_add(d, "%s: cannot open: %s", path, strerror(-err));
+		return -EINVAL;
+	}
+	err = rs_zip_open(z, fd, 0, rs_sources_id(ck->sources, source)->size,
+			  msg, sizeof(msg));
+	if (err) {
+		rs_diag_add(d, "%s: %s", path, msg);
+		return err == -ENOMEM ? err : -EINVAL;
+	}
+	pkl = rs_zip_find(z, "data.pkl");
+	if (!pkl || pkl->size > max ||
+	    !(buf = malloc(pkl->size ? pkl->size : 1)) ||
+	    rs_pread_full(fd, buf, pkl->size, pkl->offset)) {
+		rs_diag_add(d, "%s: no readable data.pkl of at most %zu bytes",
+			    path, max);
+		free(buf);
+		return -EINVAL;
+	}
+	err = rs_checkpoint_charge(ck, pkl->size, path, d);
+	if (err) {
+		free(buf);
+		return err;
+	}
+	rs_pickle_limits_default(&lim);
+	lim.allow = allow;
+	lim.torch_persids = true;
+	err = rs_pickle_parse(buf, pkl->size, &lim, pk, perr, sizeof(perr));
+	free(buf);
+	if (err) {
+		rs_diag_add(d, "%s: data.pkl: %s", path, perr);
+		return err == -ENOMEM ? err : -EINVAL;
+	}
+	if (rs_pv_kind(rs_pickle_root(*pk)) != RS_PV_DICT) {
+		rs_diag_add(d, "%s: data.pkl is not a dict", path);
+		return -EINVAL;
+	}
+	return 0;
 }
 
 int rs_checkpoint_read_common(rs_checkpoint *ck, rs_diag *d)

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "formats/codec/pickle.h"
+#include "formats/codec/torchzip.h"
 #include "formats/facts.h"
 #include "formats/model.h"
 #include "planner/catalog.h"
@@ -44,6 +45,9 @@ typedef struct {
 	const char *params_file;  /* -o params=FILE: names and shapes of a
 				   * metaseq checkpoint's flat params, when
 				   * its files lack shard_metadata */
+	const char *hf_config;    /* -o hf_config=FILE: the config.json of
+				   * a source under HF names that has none
+				   * (DeepSpeed) */
 	/* Limits on what a checkpoint may make the mount parse and hold
 	 * (0: the defaults below; -o max_tensors=, -o max_metadata=). */
 	uint64_t max_tensors, max_metadata;
@@ -170,6 +174,11 @@ struct rs_checkpoint {
 	 * view reads it only when ck->format is its own format's row. */
 	void *extra;
 	void (*extra_free)(void *extra);
+	/* What the reader says of SOURCE beyond the catalog, lines for
+	 * --dry-run, and a note a mount prints (a choice it made between
+	 * two things SOURCE holds); NULL: none.  Owned. */
+	char *describe;
+	char *notice;
 };
 
 /* Sets up ck for SOURCE `root` (the path as given, trailing slashes cut):
@@ -214,6 +223,16 @@ void rs_checkpoint_drop_blobs(rs_checkpoint *ck, const char *prefix);
 int rs_checkpoint_read_pickle(rs_checkpoint *ck, uint32_t source,
 			      uint64_t offset, uint64_t length, bool tensors,
 			      rs_pickle **pk, char *msg, size_t size);
+
+/* Opens the torch.save file `source` (`path` as messages name it): its
+ * zip into *z and its data.pkl (at most `max` bytes, charged to the
+ * metadata limit) parsed with the allowlist `allow` into *pk, whose root
+ * must be a dict.  Problems are reported as one line naming the file
+ * (-EINVAL); -ENOMEM.  The caller frees *z and *pk, also on error. */
+int rs_checkpoint_open_torch_save(rs_checkpoint *ck, uint32_t source,
+				  const char *path, const char *const *allow,
+				  size_t max, rs_zip *z, rs_pickle **pk,
+				  rs_diag *d);
 
 /* A dist checkpoint's common.pt, when it has one with args, into
  * ck->facts (formats/facts.h).  A common.pt this cannot parse leaves the

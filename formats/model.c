@@ -45,9 +45,11 @@ void rs_model_config_free(rs_model_config *m)
 {
 	free(m->hf_config);
 	free(m->hf_config_out);
+	free(m->hf_config_from);
 	free(m->fact_lines);
 	rs_families_free(m->families);
 	m->hf_config = m->hf_config_out = m->fact_lines = NULL;
+	m->hf_config_from = NULL;
 	m->families = NULL;
 	m->family = NULL;
 }

@@ -224,6 +224,12 @@ typedef struct {
 	 * says of each fact's source, a line each (owned), for --dry-run. */
 	char *hf_config_out;
 	char *fact_lines;
+	/* The reader's tensors are under HF transformers names already (a
+	 * DeepSpeed save of an HF model): the hf view writes them as they
+	 * are, with hf_config_out (the source's config.json, read from
+	 * hf_config_from) and no family. */
+	bool hf_names;
+	char *hf_config_from;
 	/* The families the bridge loaded (owned: rs_families_free). */
 	struct rs_families *families;
 	/* With family_name NULL: why the reader could not describe the model (its

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "formats/codec/json_text.h"
+#include "formats/deepspeed/deepspeed.h"
 #include "formats/megatron/megatron.h"
 #include "formats/metaseq/metaseq.h"
 #include "formats/safetensors/safetensors.h"
@@ -27,6 +28,8 @@ static const rs_format_def *const formats[] = {
 	&rs_safetensors_format,
 	&rs_metaseq_format,
 	&rs_hf_format,
+	&rs_deepspeed_format,
+	&rs_universal_format,
 };
 #define NFORMATS (sizeof(formats) / sizeof(formats[0]))
 

@@ -69,6 +69,8 @@ void rs_fs_dry_run(const rs_fs *fs, bool verbose, FILE *out)
 	fprintf(out, "source: %s (%s%s%s)\n", ck->root_path, ck->format->name,
 		ck->iter_dir ? ", checkpoint root: iteration " : "",
 		ck->iter_dir ? ck->iter_dir : "");
+	if (ck->describe)
+		fputs(ck->describe, out);
 	fprintf(out, "view: %s, tp=%u (stored at tp=%u), pp=%u, vpp=%u, dtype %s\n",
 		fs->view_format->name, l->tp, l->src_tp, l->pp, l->vpp,
 		l->dtype ? rs_dtype_name(l->dtype) : "as stored");

@@ -151,6 +151,7 @@ static int bridge(rs_fs *fs, const rs_options *o, rs_layout_opts *lo,
 static int build(rs_fs *fs, const rs_options *o)
 {
 	rs_open_opts open_opts = { .params_file = o->params,
+				   .hf_config = o->hf_config,
 				   .max_tensors = o->max_tensors,
 				   .max_metadata = o->max_metadata };
 	rs_layout_opts lo = o->layout;
@@ -172,6 +173,8 @@ static int build(rs_fs *fs, const rs_options *o)
 		snprintf(summary, sizeof(summary), "not a checkpoint reshardfs can read");
 		goto out;
 	}
+	if (fs->ck.notice)
+		fprintf(stderr, "reshardfs: note: %s\n", fs->ck.notice);
 	fs->view_format = o->view_format ? o->view_format
 					 : rs_format_default_view(fs->ck.format);
 	/* megatron-core names are for megatron-core's loader: its own

@@ -39,6 +39,8 @@ static const char *direction(const rs_checkpoint *ck, const rs_bridge_opts *o,
 		return "hf";
 	if (is(o->view, "hf") && megatron_source(ck))
 		return "mcore";
+	if (ck->model.hf_names)
+		return NULL;            /* the hf view writes them as named */
 	if (is(o->view, "hf") && ck->model.family_name)
 		return "metaseq";       /* the reader's (metaseq: OPT) */
 	return NULL;
@@ -155,8 +157,9 @@ int rs_bridge_wanted(const rs_checkpoint *ck, const rs_bridge_opts *o,
 			    o->view->name);
 		return -EINVAL;
 	}
-	if (o->hf_config && !(is(o->view, "hf") && megatron_source(ck))) {
-		rs_diag_add(d, "-o hf_config=%s: only the hf view of a Megatron checkpoint (-o format=hf) takes an hf_config",
+	if (o->hf_config && !(is(o->view, "hf") &&
+			      (megatron_source(ck) || ck->model.hf_names))) {
+		rs_diag_add(d, "-o hf_config=%s: only the hf view of a Megatron or DeepSpeed checkpoint (-o format=hf) takes an hf_config",
 			    o->hf_config);
 		return -EINVAL;
 	}

@@ -290,51 +290,9 @@ static void mark_entries(finder *f)
 static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
 		     rs_pickle **pk)
 {
-	char msg[RS_ZIP_MSG_SIZE], perr[300];
-	const rs_zip_entry *pkl;
-	rs_pickle_limits lim;
-	uint8_t *buf = NULL;
-	int fd, err;
-
-	err = rs_sources_fd(f->ck->sources, src, &fd);
-	if (err) {
-		rs_diag_add(f->d, "%s: cannot open: %s", path, strerror(-err));
-		return -EINVAL;
-	}
-	err = rs_zip_open(z, fd, 0, rs_sources_id(f->ck->sources, src)->size,
-			  msg, sizeof(msg));
-	if (err) {
-		rs_diag_add(f->d, "%s: %s", path, msg);
-		return err == -ENOMEM ? err : -EINVAL;
-	}
-	pkl = rs_zip_find(z, "data.pkl");
-	if (!pkl || pkl->size > RS_MEGATRON_PKL_MAX ||
-	    !(buf = malloc(pkl->size ? pkl->size : 1)) ||
-	    rs_pread_full(fd, buf, pkl->size, pkl->offset)) {
-		rs_diag_add(f->d, "%s: no readable data.pkl of at most %u bytes",
-			    path, RS_MEGATRON_PKL_MAX);
-		free(buf);
-		return -EINVAL;
-	}
-	err = rs_checkpoint_charge(f->ck, pkl->size, path, f->d);
-	if (err) {
-		free(buf);
-		return err;
-	}
-	rs_pickle_limits_default(&lim);
-	lim.allow = rs_megatron_allow;
-	lim.torch_persids = true;
-	err = rs_pickle_parse(buf, pkl->size, &lim, pk, perr, sizeof(perr));
-	free(buf);
-	if (err) {
-		rs_diag_add(f->d, "%s: data.pkl: %s", path, perr);
-		return err == -ENOMEM ? err : -EINVAL;
-	}
-	if (rs_pv_kind(rs_pickle_root(*pk)) != RS_PV_DICT) {
-		rs_diag_add(f->d, "%s: data.pkl is not a dict", path);
-		return -EINVAL;
-	}
-	return 0;
+	return rs_checkpoint_open_torch_save(f->ck, src, path,
+					     rs_megatron_allow,
+					     RS_MEGATRON_PKL_MAX, z, pk, f->d);
 }
 
 /* The word embeddings under every name this reader takes: Megatron-LM's

@@ -66,12 +66,19 @@ static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 {
 	const rs_model_config *m = &ck->model;
 
-	if (!m->family && m->why[0]) {
+	if (m->hf_names && !m->hf_config_out) {
+		rs_diag_add(d, "%s: the hf view needs the model's config.json, and there is none in the save directory or beside the tag directory; give it with -o hf_config=FILE",
+			    ck->dir_path);
+		return -EINVAL;
+	}
+	if (m->hf_names)
+		;       /* named as HF names them; config.json as stored */
+	else if (!m->family && m->why[0]) {
 		rs_diag_add(d, "%s (the hf view needs the model's architecture)",
 			    m->why);
 		return -EINVAL;
 	}
-	if (!m->family || !m->hf_config_out) {
+	else if (!m->family || !m->hf_config_out) {
 		rs_diag_add(d, "%s: the hf view needs the model's architecture, and this %s checkpoint does not say it (a metaseq checkpoint's cfg with decoder_layers, decoder_embed_dim, decoder_ffn_embed_dim, decoder_attention_heads and max_target_positions)",
 			    ck->dir_path, ck->format->name);
 		return -EINVAL;
@@ -84,20 +91,75 @@ static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 	return 0;
 }
 
+/* config.json at the top of the view. */
+static int add_config(const rs_checkpoint *ck, rs_dtype dtype, rs_vtree *t,
+		      rs_diag *d)
+{
+	char *config = NULL;
+	size_t len = 0;
+	uint32_t file;
+	int err = config_text(ck, dtype, &config, &len);
+
+	if (!err)
+		err = rs_vtree_add_file(t, 0, "config.json", ck->root_mtime,
+					&file);
+	if (err == -EEXIST) {
+		rs_diag_add(d, "%s/config.json: the hf view writes a file of this name itself",
+			    ck->dir_path);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_vtree_append_literal(t, file, config, len);
+	free(config);
+	return err;
+}
+
+/* A source whose reader named its tensors as HF does (DeepSpeed's save
+ * of an HF model): the model's tensors as named, no optimizer state;
+ * config.json the source's, its torch_dtype the view's. */
+static int hf_names_view(const rs_checkpoint *ck, const rs_layout *l,
+			 rs_vtree *t, rs_diag *d)
+{
+	const rs_catalog *c = &ck->catalog;
+	const char **names = calloc(c->count + 1, sizeof(*names));
+	rs_dtype dtype = RS_DTYPE_INVALID;
+	int err = names ? 0 : -ENOMEM;
+
+	for (size_t i = 0; !err && i < c->count; i++) {
+		if (strncmp(c->tensors[i].name, "optimizer.", 10) == 0)
+			continue;
+		names[i] = c->tensors[i].name;
+		if (!torch_dtype(dtype) && torch_dtype(l->targets[i].dtype))
+			dtype = l->targets[i].dtype;
+	}
+	if (!err && !torch_dtype(dtype)) {
+		rs_diag_add(d, "%s: the hf view needs weights in float16, bfloat16 or float32",
+			    ck->dir_path);
+		err = -EINVAL;
+	}
+	if (!err)
+		err = rs_safetensors_write(ck, l, t, names,
+					   l->shard_size ? l->shard_size : HF_SHARD_MAX,
+					   d);
+	if (!err)
+		err = add_config(ck, dtype, t, d);
+	free(names);
+	return err;
+}
+
 int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
 		     rs_vtree *t, rs_diag *d)
 {
 	const rs_catalog *c = &ck->catalog;
-	char *config = NULL;
 	const char *embed;
 	rs_dtype dtype = RS_DTYPE_INVALID;
 	uint64_t vocab = 0;
-	size_t len = 0;
-	uint32_t file;
 	int err = check_model(ck, l, d);
 
 	if (err)
 		return err;
+	if (ck->model.hf_names)
+		return hf_names_view(ck, l, t, d);
 	/* The catalog is under HF names already (the bridge renamed it). */
 	embed = ck->model.family->info->eco[1].embed;
 	for (size_t i = 0; embed && i < c->count; i++)
@@ -113,20 +175,7 @@ int rs_hf_build_view(const rs_checkpoint *ck, const rs_layout *l,
 	err = rs_safetensors_write(ck, l, t, NULL,
 				   l->shard_size ? l->shard_size : HF_SHARD_MAX,
 				   d);
-	if (!err)
-		err = config_text(ck, dtype, &config, &len);
-	if (!err)
-		err = rs_vtree_add_file(t, 0, "config.json", ck->root_mtime,
-					&file);
-	if (err == -EEXIST) {
-		rs_diag_add(d, "%s/config.json: the hf view writes a file of this name itself",
-			    ck->dir_path);
-		err = -EINVAL;
-	}
-	if (!err)
-		err = rs_vtree_append_literal(t, file, config, len);
-	free(config);
-	return err;
+	return err ? err : add_config(ck, dtype, t, d);
 }
 
 const rs_format_def rs_hf_format = {
