@@ -54,6 +54,8 @@ typedef struct {
 	bool step_is_tensor;    /* torch keeps step a 0-d float32 tensor */
 	size_t nfrozen, nshared, nbuffers;
 	uint32_t model_states;  /* rank 0's model-states file (source) */
+	rs_pickle *opt0;        /* rank 0's optimizer pickle: its loss
+				 * scaler and param groups */
 	char *ds_version;
 } rs_ds_state;
 

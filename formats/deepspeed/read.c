@@ -56,6 +56,7 @@ void rs_ds_state_free(void *state)
 	free(st->step);
 	free(st->tag);
 	free(st->ds_version);
+	rs_pickle_free(st->opt0);
 	free(st);
 }
 
@@ -1142,6 +1143,8 @@ static int read_all(reader *r, const rs_open_opts *o)
 		return err;
 	read_module_facts(r, &r->model[0]);
 	st->model_states = r->model[0].source;
+	st->opt0 = r->optim[0].pk;
+	r->optim[0].pk = NULL;
 	r->ck->model.hf_names = true;
 	err = read_config(r, o);
 	if (!err) {
