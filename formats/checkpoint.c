@@ -760,11 +760,22 @@ int rs_checkpoint_open_torch_save(rs_checkpoint *ck, uint32_t source,
 		rs_diag_add(d, "%s: data.pkl: %s", path, perr);
 		return err == -ENOMEM ? err : -EINVAL;
 	}
-	if (rs_pv_kind(rs_pickle_root(*pk)) != RS_PV_DICT) {
-		rs_diag_add(d, "%s: data.pkl is not a dict", path);
-		return -EINVAL;
-	}
 	return 0;
+}
+
+int rs_checkpoint_open_torch_dict(rs_checkpoint *ck, uint32_t source,
+				  const char *path, const char *const *allow,
+				  size_t max, rs_zip *z, rs_pickle **pk,
+				  rs_diag *d)
+{
+	int err = rs_checkpoint_open_torch_save(ck, source, path, allow, max,
+						z, pk, d);
+
+	if (!err && rs_pv_kind(rs_pickle_root(*pk)) != RS_PV_DICT) {
+		rs_diag_add(d, "%s: data.pkl is not a dict", path);
+		err = -EINVAL;
+	}
+	return err;
 }
 
 int rs_checkpoint_read_common(rs_checkpoint *ck, rs_diag *d)

@@ -226,10 +226,15 @@ int rs_checkpoint_read_pickle(rs_checkpoint *ck, uint32_t source,
 
 /* Opens the torch.save file `source` (`path` as messages name it): its
  * zip into *z and its data.pkl (at most `max` bytes, charged to the
- * metadata limit) parsed with the allowlist `allow` into *pk, whose root
- * must be a dict.  Problems are reported as one line naming the file
- * (-EINVAL); -ENOMEM.  The caller frees *z and *pk, also on error. */
+ * metadata limit) parsed with the allowlist `allow` into *pk.  Problems
+ * are reported as one line naming the file (-EINVAL); -ENOMEM.  The
+ * caller frees *z and *pk, also on error.  _dict: the same, and the
+ * pickle must be a dict (a checkpoint's top level). */
 int rs_checkpoint_open_torch_save(rs_checkpoint *ck, uint32_t source,
+				  const char *path, const char *const *allow,
+				  size_t max, rs_zip *z, rs_pickle **pk,
+				  rs_diag *d);
+int rs_checkpoint_open_torch_dict(rs_checkpoint *ck, uint32_t source,
 				  const char *path, const char *const *allow,
 				  size_t max, rs_zip *z, rs_pickle **pk,
 				  rs_diag *d);

@@ -74,9 +74,11 @@
 	  "layout of the view: zarr, torch_dist, megatron\n"                  \
 	  "(per-rank .pt), safetensors, hf (an HF\n"                          \
 	  "transformers model directory: config.json and\n"                  \
-	  "HF-named weights) or metaseq (unflattened\n"                      \
-	  "metaseq state dicts per model part) (default:\n"                  \
-	  "the source's own; safetensors for metaseq shards)")                \
+	  "HF-named weights), metaseq (unflattened\n"                        \
+	  "metaseq state dicts per model part) or universal\n"               \
+	  "(DeepSpeed's universal checkpoint of a ZeRO\n"                    \
+	  "save) (default: the source's own; safetensors\n"                  \
+	  "for metaseq shards and DeepSpeed saves)")                          \
 	X(STR, "names", names, "ECO",                                         \
 	  "mcore: an HF model directory of a known family\n"                \
 	  "under megatron-core GPTModel names (format=\n"                    \
@@ -85,7 +87,8 @@
 	  "JSON of config.json fields for format=hf of a\n"                 \
 	  "Megatron checkpoint: what its args do not record\n"              \
 	  "(checked against them and the shapes); its\n"                    \
-	  "architectures name the family")                                    \
+	  "architectures name the family.  Of a DeepSpeed\n"               \
+	  "save: its config.json, instead of the save's")                    \
 	X(STR, "hf_experts", hf_experts, "FORM",                              \
 	  "format=hf of an MoE model: per_expert (default:\n"               \
 	  "experts.<e>.gate_proj..., as save_pretrained,\n"                \

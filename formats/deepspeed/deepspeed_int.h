@@ -46,13 +46,17 @@ typedef struct {
 	uint32_t groups;
 	rs_dtype trained;       /* the module's weights' dtype */
 	char *tag;              /* the tag directory, "" when SOURCE is it */
+	const char *tracker;    /* the file that named it, NULL: none */
+	bool universal;         /* a universal checkpoint (zero/<param>/),
+				 * not ZeRO partitions; stage is 0 */
 	ds_param *params;       /* trainable, flat order */
 	size_t nparams;
 	ds_flat *flats;         /* [(state * world + rank) * groups + g] */
 	bool has_state[DS_NSTATES];
 	double *step;           /* per group; NAN: none stored */
 	bool step_is_tensor;    /* torch keeps step a 0-d float32 tensor */
-	size_t nfrozen, nshared, nbuffers;
+	size_t nfrozen, nshared, nbuffers;   /* nparams counts a universal
+						 * checkpoint's params (params NULL) */
 	uint32_t model_states;  /* rank 0's model-states file (source) */
 	rs_pickle *opt0;        /* rank 0's optimizer pickle: its loss
 				 * scaler and param groups */

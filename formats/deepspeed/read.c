@@ -29,6 +29,8 @@
 #define DS_MAX_GROUPS 4096u
 #define DS_CONFIG_MAX (1u << 20)
 #define DS_TRACKER "latest"
+/* where ds_to_universal.py names its output folder */
+#define DS_TRACKER_UC "latest_universal"
 
 const char *const rs_deepspeed_allow[] = {
 	"torch.*",
@@ -49,7 +51,7 @@ void rs_ds_state_free(void *state)
 
 	if (!st)
 		return;
-	for (size_t i = 0; i < st->nparams; i++)
+	for (size_t i = 0; st->params && i < st->nparams; i++)
 		free(st->params[i].name);
 	free(st->params);
 	free(st->flats);
@@ -77,9 +79,10 @@ typedef struct {
 	char where[4200];       /* the tag directory, for messages */
 	ds_file *model;         /* [world] in stage 3, [1] else */
 	ds_file *optim;         /* [world] */
-	uint32_t nmodel;
+	uint32_t nmodel, noptim;
 	int64_t count;          /* rank 0's partition_count */
 	bool zero3_names;       /* zero_pp_rank_D_mp_rank_00_model_states.pt */
+	long zero;              /* a universal checkpoint's zero/ entry, -1 */
 	bool bf16_prefix;
 } reader;
 
@@ -148,16 +151,20 @@ static const char *unread_layout(const char *name)
 	return NULL;
 }
 
-static int open_file(reader *r, ds_file *f)
+/* Opens f for its pickle: a dict, but for a universal checkpoint's
+ * state files (`any`: a bare tensor). */
+static int open_pickle(reader *r, ds_file *f, bool any)
 {
 	rs_checkpoint *ck = r->ck;
 	int err;
 
 	snprintf(f->path, sizeof(f->path), "%s/%s", ck->root_path,
 		 rs_sources_path(ck->sources, f->source));
-	err = rs_checkpoint_open_torch_save(ck, f->source, f->path,
-					    rs_deepspeed_allow, DS_PKL_MAX,
-					    &f->z, &f->pk, r->d);
+	err = (any ? rs_checkpoint_open_torch_save
+		   : rs_checkpoint_open_torch_dict)(ck, f->source, f->path,
+						    rs_deepspeed_allow,
+						    DS_PKL_MAX, &f->z, &f->pk,
+						    r->d);
 	return err;
 }
 
@@ -166,6 +173,7 @@ static int find_tag(reader *r)
 {
 	rs_checkpoint *ck = r->ck;
 	rs_entry *latest = rs_checkpoint_top_entry(ck, DS_TRACKER);
+	const char *tracker = DS_TRACKER;
 	char *text = NULL, *s, *e;
 	size_t len;
 	bool bad;
@@ -173,9 +181,14 @@ static int find_tag(reader *r)
 
 	r->tag = -1;
 	snprintf(r->where, sizeof(r->where), "%s", ck->root_path);
+	if (!latest || latest->is_dir) {
+		latest = rs_checkpoint_top_entry(ck, DS_TRACKER_UC);
+		tracker = DS_TRACKER_UC;
+	}
 	if (!latest || latest->is_dir)
 		return (r->st->tag = strdup("")) ? 0 : -ENOMEM;
-	err = rs_checkpoint_read_file(ck, DS_TRACKER, 256, &text, &len, NULL,
+	r->st->tracker = tracker;
+	err = rs_checkpoint_read_file(ck, tracker, 256, &text, &len, NULL,
 				      r->d);
 	if (err)
 		return err == -ENOENT ? -EINVAL : err;
@@ -188,7 +201,7 @@ static int find_tag(reader *r)
 	if (bad || !rs_name_is_safe(s) ||
 	    strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(s)) {
 		rs_diag_add(r->d, "%s/%s: does not hold a tag directory's name",
-			    ck->root_path, DS_TRACKER);
+			    ck->root_path, tracker);
 		free(text);
 		return -EINVAL;
 	}
@@ -198,7 +211,7 @@ static int find_tag(reader *r)
 			r->tag = (long)i;
 	if (r->tag < 0) {
 		rs_diag_add(r->d, "%s/%s: names the tag directory %s, which is missing",
-			    ck->root_path, DS_TRACKER, s);
+			    ck->root_path, tracker, s);
 		free(text);
 		return -EINVAL;
 	}
@@ -268,7 +281,7 @@ static int find_files(reader *r)
 		}
 		if (pass)
 			break;
-		if (!nmodel || !nopt) {
+		if (!nmodel || (!nopt && r->zero < 0)) {
 			rs_diag_add(r->d, "%s: holds no %s files (a DeepSpeed save's tag directory holds mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt, and *_optim_states.pt with the fp32 master weights)",
 				    r->where, nmodel ? "*_optim_states.pt" : "*_model_states.pt");
 			return -EINVAL;
@@ -281,8 +294,9 @@ static int find_files(reader *r)
 		r->zero3_names = max_model >= 0;
 		r->st->world = (uint32_t)(max_dp + 1);
 		r->nmodel = r->zero3_names ? (uint32_t)(max_model + 1) : 1;
-		r->optim = calloc(r->st->world, sizeof(*r->optim));
-		r->model = calloc(r->nmodel, sizeof(*r->model));
+		r->noptim = r->st->world;
+		r->optim = calloc(r->st->world + 1, sizeof(*r->optim));
+		r->model = calloc(r->nmodel + 1, sizeof(*r->model));
 		if (!r->optim || !r->model)
 			return -ENOMEM;
 		for (uint32_t k = 0; k < r->st->world; k++)
@@ -449,7 +463,7 @@ static int read_optim(reader *r, uint32_t rank)
 	rs_ds_state *st = r->st;
 	ds_file *f = &r->optim[rank];
 	const rs_pvalue *osd, *fp32, *pc, *states = NULL, *v;
-	int stage, err = open_file(r, f);
+	int stage, err = open_pickle(r, f, false);
 	int64_t count = -1;
 
 	if (err)
@@ -768,7 +782,7 @@ static void read_module_facts(reader *r, ds_file *f)
 	size_t len;
 
 	r->st->trained = RS_DTYPE_F32;
-	if (dict_of(rs_pv_get(root, "module"), &module) && r->st->nparams) {
+	if (dict_of(rs_pv_get(root, "module"), &module) && r->st->params) {
 		const rs_pvalue *t = rs_pv_get(module, r->st->params[0].name);
 		rs_torch_tensor tt;
 		char why[200];
@@ -1055,8 +1069,24 @@ static int describe(reader *r)
 
 	if (st->groups && !isnan(st->step[0]))
 		snprintf(steps, sizeof(steps), "%.17g", st->step[0]);
-	n = asprintf(&ck->describe,
-		     "deepspeed: ZeRO stage %d, %u data-parallel ranks, %u parameter group%s, trained in %s with fp32 master weights%s%s%s%s\n"
+	if (st->universal)
+		n = asprintf(&ck->describe,
+			     "deepspeed: a universal checkpoint (zero/<param>/), saved by %u data-parallel ranks%s%s%s%s%s%s\n"
+			     "params: %zu trainable, %zu frozen params and buffers, %zu shared; optimizer state: %s, step %s\n"
+			     "config.json: %s\n"
+			     "views: hf and safetensors hold the fp32 params (safetensors also the optimizer state)\n",
+			     st->world, st->ds_version ? ", deepspeed " : "",
+			     st->ds_version ? st->ds_version : "",
+			     st->tag[0] ? ", tag " : "", st->tag,
+			     st->tracker ? " from " : "",
+			     st->tracker ? st->tracker : "",
+			     st->nparams, st->nfrozen + st->nbuffers, st->nshared,
+			     st->nparams ? "exp_avg, exp_avg_sq" : "none", steps,
+			     ck->model.hf_config_from ? ck->model.hf_config_from
+						      : "none (the hf view needs -o hf_config=FILE)");
+	else
+		n = asprintf(&ck->describe,
+		     "deepspeed: ZeRO stage %d, %u data-parallel ranks, %u parameter group%s, trained in %s with fp32 master weights%s%s%s%s%s%s\n"
 		     "params: %zu trainable, %zu frozen, %zu shared, %zu buffers; optimizer state: %s%s, step %s\n"
 		     "config.json: %s\n"
 		     "views: hf and safetensors hold the fp32 masters (safetensors also the optimizer state); universal holds zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt and the model-states file\n",
@@ -1065,6 +1095,7 @@ static int describe(reader *r)
 		     st->ds_version ? ", deepspeed " : "",
 		     st->ds_version ? st->ds_version : "",
 		     st->tag[0] ? ", tag " : "", st->tag,
+		     st->tracker ? " from " : "", st->tracker ? st->tracker : "",
 		     st->nparams, st->nfrozen, st->nshared, st->nbuffers,
 		     st->has_state[DS_EXP_AVG] ? "exp_avg" : "none",
 		     st->has_state[DS_EXP_AVG_SQ] ? ", exp_avg_sq" : "", steps,
@@ -1083,6 +1114,164 @@ static int describe(reader *r)
 	return 0;
 }
 
+/* -- a universal checkpoint (formats/deepspeed/deepspeed.h) -- */
+
+/* The entry of `name` in directory `dir`, -1. */
+static long child(const rs_checkpoint *ck, long dir, const char *name)
+{
+	for (size_t i = 0; i < ck->nentries; i++)
+		if (ck->entries[i].parent == dir &&
+		    strcmp(ck->entries[i].name, name) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* One zero/<param>/<state>.pt: its 'param' (or, as ds_to_universal
+ * writes stage 3's, the bare flat tensor) as catalog tensor `name`, in
+ * the param's shape (param_shapes') when it is stored flat. */
+static int universal_state(reader *r, long file, const char *name,
+			   const rs_pvalue *shapes, const char *param,
+			   bool *is_step)
+{
+	rs_checkpoint *ck = r->ck;
+	ds_file f = { .entry = file, .source = ck->entries[file].source };
+	const rs_pvalue *v, *shape = rs_pv_get(shapes, param);
+	uint64_t dims[RS_MAX_DIMS], numel = 1, n = 1;
+	int ndim = 0, err = open_pickle(r, &f, true);
+	rs_torch_tensor t;
+
+	if (err)
+		goto out;
+	v = rs_pickle_root(f.pk);
+	if (rs_pv_kind(v) == RS_PV_DICT)
+		v = rs_pv_get(v, "param");
+	err = tensor_of(r, &f, v, "param", &t);
+	if (err)
+		goto out;
+	if (is_step) {
+		double step;
+
+		*is_step = true;
+		err = read_step(r, &f, v, &step);
+		if (!err && r->st->groups && isnan(r->st->step[0]))
+			r->st->step[0] = step;
+		goto out;
+	}
+	if (t.dtype != RS_DTYPE_F32) {
+		rs_diag_add(r->d, "%s: param is not float32", f.path);
+		err = -EINVAL;
+		goto out;
+	}
+	for (int k = 0; k < t.ndim; k++)
+		n *= t.shape[k];
+	if (t.ndim == 1 && shape && rs_pv_dims(shape, dims, &ndim, RS_MAX_DIMS)) {
+		for (int k = 0; k < ndim; k++)
+			numel *= dims[k];
+		if (numel != n || ndim < 1) {
+			rs_diag_add(r->d, "%s: holds %llu elements, param_shapes says %s has %llu",
+				    f.path, (unsigned long long)n, param,
+				    (unsigned long long)numel);
+			err = -EINVAL;
+			goto out;
+		}
+	} else {
+		ndim = t.ndim;
+		memcpy(dims, t.shape, sizeof(dims));
+	}
+	err = add_stored(r, name, strlen(name), &t, &f.source, 1, dims, ndim,
+			 f.path);
+out:
+	rs_pickle_free(f.pk);
+	rs_zip_free(&f.z);
+	return err;
+}
+
+/* Every zero/<param>/ directory: a trainable param (fp32, exp_avg,
+ * exp_avg_sq, step), or what ds_to_universal writes fp32.pt alone for
+ * (frozen params, buffers); tied names come from shared_params. */
+static int read_universal(reader *r)
+{
+	rs_checkpoint *ck = r->ck;
+	rs_ds_state *st = r->st;
+	ds_file *f0 = &r->model[0];
+	const rs_pvalue *root, *ps, *shapes = NULL, *shared = NULL;
+	int64_t world = 0;
+	int err = open_pickle(r, f0, false);
+
+	if (err)
+		return err;
+	root = rs_pickle_root(f0->pk);
+	ps = rs_pv_get(root, "param_shapes");
+	if (rs_pv_kind(ps) == RS_PV_LIST && rs_pv_len(ps))
+		dict_of(rs_pv_item(ps, 0), &shapes);    /* stage 3: the only group */
+	dict_of(rs_pv_get(root, "shared_params"), &shared);
+	if (rs_pv_int(rs_pv_get(root, "dp_world_size"), &world) == 0 &&
+	    world > 0 && world <= (int64_t)DS_MAX_RANKS)
+		st->world = (uint32_t)world;
+	st->universal = true;
+	st->groups = 1;
+	st->step = malloc(sizeof(*st->step));
+	if (!st->step)
+		return -ENOMEM;
+	st->step[0] = NAN;
+	for (size_t i = 0; i < ck->nentries && !err; i++) {
+		const rs_entry *e = &ck->entries[i];
+		bool trainable;
+
+		if (e->parent != r->zero || !e->is_dir ||
+		    rs_pv_get(shared, e->name))
+			continue;
+		if (child(ck, (long)i, "fp32.pt") < 0) {
+			rs_diag_add(r->d, "%s/zero/%s: holds no fp32.pt", r->where,
+				    e->name);
+			return -EINVAL;
+		}
+		trainable = child(ck, (long)i, "exp_avg.pt") >= 0;
+		for (int s = 0; s < DS_NSTATES && !err; s++) {
+			long file = child(ck, (long)i, s ? (s == DS_EXP_AVG ? "exp_avg.pt" : "exp_avg_sq.pt") : "fp32.pt");
+			char *name = NULL;
+
+			if (file < 0) {
+				if (trainable && s) {
+					rs_diag_add(r->d, "%s/zero/%s: holds exp_avg.pt but no exp_avg_sq.pt",
+						    r->where, e->name);
+					err = -EINVAL;
+				}
+				continue;
+			}
+			if (s && asprintf(&name, "optimizer.state.%s.%s",
+					  rs_ds_state_names[s], e->name) < 0)
+				return -ENOMEM;
+			err = universal_state(r, file, s ? name : e->name, shapes,
+					      e->name, NULL);
+			free(name);
+		}
+		if (!err && trainable && child(ck, (long)i, "step.pt") >= 0) {
+			bool step = false;
+
+			err = universal_state(r, child(ck, (long)i, "step.pt"),
+					      e->name, NULL, e->name, &step);
+		}
+		if (trainable)
+			st->nparams++;
+		else
+			st->nfrozen++;
+	}
+	st->has_state[DS_FP32] = true;
+	st->has_state[DS_EXP_AVG] = st->has_state[DS_EXP_AVG_SQ] = st->nparams > 0;
+	/* From a stage 3 save ds_to_universal copies every rank's
+	 * model-states file and writes no directory for frozen params and
+	 * buffers: they are in those files, as in the save. */
+	st->stage = r->zero3_names ? 3 : 0;
+	for (uint32_t k = 1; k < r->nmodel && r->zero3_names && !err; k++)
+		err = r->model[k].entry < 0 ? 0 : open_pickle(r, &r->model[k], false);
+	if (!err && r->zero3_names && r->nmodel == st->world)
+		err = read_frozen(r);
+	if (!err && r->zero3_names)
+		err = read_buffers(r);
+	return err ? err : read_shared(r);
+}
+
 static int read_all(reader *r, const rs_open_opts *o)
 {
 	rs_ds_state *st = r->st;
@@ -1091,8 +1280,17 @@ static int read_all(reader *r, const rs_open_opts *o)
 
 	if (!err)
 		err = find_tag(r);
-	if (!err)
+	if (!err) {
+		r->zero = child(r->ck, r->tag, "zero");
+		if (r->zero >= 0 && (!r->ck->entries[r->zero].is_dir ||
+				     child(r->ck, r->zero, "optimizer_state.pt") < 0))
+			r->zero = -1;
 		err = find_files(r);
+	}
+	if (!err && r->zero >= 0) {
+		err = read_universal(r);
+		goto model;
+	}
 	if (!err && r->optim[0].entry < 0)
 		err = check_ranks(r);
 	if (!err)
@@ -1117,7 +1315,7 @@ static int read_all(reader *r, const rs_open_opts *o)
 			return -EINVAL;
 		}
 	for (uint32_t k = 0; k < r->nmodel && !err; k++)
-		err = open_file(r, &r->model[k]);
+		err = open_pickle(r, &r->model[k], false);
 	if (!err)
 		err = read_param_shapes(r, &r->model[0]);
 	if (!err)
@@ -1130,6 +1328,7 @@ static int read_all(reader *r, const rs_open_opts *o)
 		err = read_module_frozen(r);
 	if (!err)
 		err = read_shared(r);
+model:
 	if (!err)
 		err = rs_names_first_dup(r->ck->catalog.tensors,
 					 r->ck->catalog.count, sizeof(rs_tensor),
@@ -1143,8 +1342,10 @@ static int read_all(reader *r, const rs_open_opts *o)
 		return err;
 	read_module_facts(r, &r->model[0]);
 	st->model_states = r->model[0].source;
-	st->opt0 = r->optim[0].pk;
-	r->optim[0].pk = NULL;
+	if (!st->universal) {
+		st->opt0 = r->optim[0].pk;
+		r->optim[0].pk = NULL;
+	}
 	r->ck->model.hf_names = true;
 	err = read_config(r, o);
 	if (!err) {
@@ -1157,7 +1358,7 @@ static int read_all(reader *r, const rs_open_opts *o)
 int rs_deepspeed_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 {
 	rs_ds_state *st = calloc(1, sizeof(*st));
-	reader r = { .ck = ck, .st = st, .d = d };
+	reader r = { .ck = ck, .st = st, .d = d, .zero = -1 };
 	int err;
 
 	if (!st)
@@ -1165,7 +1366,7 @@ int rs_deepspeed_read(rs_checkpoint *ck, const rs_open_opts *o, rs_diag *d)
 	ck->extra = st;
 	ck->extra_free = rs_ds_state_free;
 	err = read_all(&r, o);
-	for (uint32_t k = 0; r.optim && k < st->world; k++) {
+	for (uint32_t k = 0; r.optim && k < r.noptim; k++) {
 		rs_pickle_free(r.optim[k].pk);
 		rs_zip_free(&r.optim[k].z);
 	}
@@ -1189,7 +1390,7 @@ static rs_detect detect(const char *name, mode_t mode)
 	/* `latest` decides alone: an HF Trainer's checkpoint-N holds
 	 * model.safetensors beside it, and DeepSpeed's state is the fuller
 	 * one (the mount says so: rs_checkpoint.notice). */
-	if (strcmp(name, DS_TRACKER) == 0)
+	if (strcmp(name, DS_TRACKER) == 0 || strcmp(name, DS_TRACKER_UC) == 0)
 		return RS_DETECT_MARKER;
 	return rank_name(name, &kind, &dp, &mp, &bf16) ? RS_DETECT_FILES
 						       : RS_DETECT_NONE;
@@ -1198,7 +1399,7 @@ static rs_detect detect(const char *name, mode_t mode)
 const rs_format_def rs_deepspeed_format = {
 	.name = "deepspeed",
 	.detect = detect,
-	.looks_like = "a DeepSpeed save (latest, *_model_states.pt)",
+	.looks_like = "a DeepSpeed save (latest, latest_universal, *_model_states.pt)",
 	.read = rs_deepspeed_read,
 	.default_view = "safetensors",
 };

@@ -227,9 +227,10 @@ static int check(builder *b, const rs_layout *l)
 {
 	const rs_ds_state *st = b->st;
 
-	if (b->ck->format != &rs_deepspeed_format) {
-		rs_diag_add(b->d, "%s: the universal view is made from DeepSpeed ZeRO saves only (this is a %s checkpoint)",
-			    b->ck->dir_path, b->ck->format->name);
+	if (b->ck->format != &rs_deepspeed_format || b->st->universal) {
+		rs_diag_add(b->d, "%s: the universal view is made from DeepSpeed ZeRO saves only (this is %s)",
+			    b->ck->dir_path, b->ck->format == &rs_deepspeed_format
+			    ? "a universal checkpoint already" : b->ck->format->name);
 		return -EINVAL;
 	}
 	if (l->tp != 1 || (l->dtype && l->dtype != RS_DTYPE_F32)) {

@@ -290,7 +290,7 @@ static void mark_entries(finder *f)
 static int open_rank(finder *f, uint32_t src, const char *path, rs_zip *z,
 		     rs_pickle **pk)
 {
-	return rs_checkpoint_open_torch_save(f->ck, src, path,
+	return rs_checkpoint_open_torch_dict(f->ck, src, path,
 					     rs_megatron_allow,
 					     RS_MEGATRON_PKL_MAX, z, pk, f->d);
 }

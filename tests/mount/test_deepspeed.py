@@ -195,18 +195,24 @@ def test_hf_trainer_dirs(save, mount, tmp_path):
 
 # ------------------------------------------------------------ universal
 
+_converted = {}
+
+
 def _universal_ref(src, tmp):
     """DeepSpeed's own ds_to_universal output of src's tag, as a save
-    directory load_universal takes (its latest_universal)."""
-    out = tmp / "ref"
-    if not out.exists():
+    directory load_universal takes (its latest_universal, and the save's
+    config.json), made once per save."""
+    if src not in _converted:
+        out = tmp / "ref"
         out.mkdir()
         run(["-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
              src / "global_step2", "--output_folder",
              out / "global_step2_universal", "--inject_missing_state"],
             cwd=tmp)
         (out / "latest_universal").write_text("global_step2_universal")
-    return out
+        shutil.copy(src / "config.json", out)
+        _converted[src] = out
+    return _converted[src]
 
 
 @pytest.mark.parametrize("stage,world", [(2, 1), (2, 4), (3, 1)])
@@ -225,6 +231,20 @@ def test_universal(save, mount, tmp_path_factory, stage, world):
         nproc=world, cwd=tmp)
     out = check("universal", tmp / "ref.pt", tmp / "got.pt")
     assert f"at world size {world}" in out, out
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_universal_source(save, mount, tmp_path_factory, stage):
+    """DeepSpeed's own universal checkpoint as a source: its hf view
+    loads in transformers with the logits of the model DeepSpeed saved
+    (stage 3's frozen params come from the copied model-states files)."""
+    src = save(stage, "bf16")
+    ref = _universal_ref(src, tmp_path_factory.mktemp(f"ucsrc{stage}"))
+    m = mount(ref, ["format=hf"])
+    assert "logits equal" in check("hf", src, m.mnt)
+    m.unmount()
+    m = mount(ref / "global_step2_universal", ["format=hf"])
+    assert "logits equal" in check("hf", src, m.mnt)
 
 
 # ------------------------------------------------------------ bad input
