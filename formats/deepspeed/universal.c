@@ -105,7 +105,7 @@ static const rs_tensor *find(const rs_checkpoint *ck, const char *name)
 }
 
 /* zero/<param>/: fp32, exp_avg, exp_avg_sq and step. */
-static int add_param(builder *b, uint32_t zero, const ds_param *p,
+static int add_param(builder *b, uint32_t zero, const rs_ds_param *p,
 		     float step)
 {
 	uint8_t *pkl = NULL;

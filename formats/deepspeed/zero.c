@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner/array.h"
 #include "planner/catalog.h"
 
 const char *const rs_ds_state_names[DS_NSTATES] = {
@@ -29,22 +30,15 @@ typedef struct {
 static int push(pieces *ps, uint64_t a, uint64_t b, uint32_t rank,
 		uint32_t group, uint64_t at)
 {
-	if (a == b)
-		return 0;
-	if (ps->n == ps->cap) {
-		size_t cap = ps->cap ? 2 * ps->cap : 16;
-		piece *v = realloc(ps->v, cap * sizeof(*v));
+	int err = a == b ? 0 : rs_array_reserve(&ps->v, &ps->cap, ps->n + 1,
+						 sizeof(*ps->v));
 
-		if (!v)
-			return -ENOMEM;
-		ps->v = v;
-		ps->cap = cap;
-	}
-	ps->v[ps->n++] = (piece){ a, b, rank, group, at };
-	return 0;
+	if (!err && a != b)
+		ps->v[ps->n++] = (piece){ a, b, rank, group, at };
+	return err;
 }
 
-static const ds_flat *flat(const rs_ds_state *st, int state, uint32_t rank,
+static const rs_ds_flat *flat(const rs_ds_state *st, int state, uint32_t rank,
 			   uint32_t g)
 {
 	return &st->flats[((size_t)state * st->world + rank) * st->groups + g];
@@ -83,7 +77,7 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 static int place_partitioned(const rs_ds_state *st, size_t p,
 			     const uint64_t *offset, pieces *ps)
 {
-	const ds_param *q = &st->params[p];
+	const rs_ds_param *q = &st->params[p];
 	uint64_t start = 0, o = offset[p];
 
 	for (uint32_t r = 0; r < st->world; r++) {
@@ -100,24 +94,35 @@ static int place_partitioned(const rs_ds_state *st, size_t p,
 	return 0;
 }
 
+/* *sum += x, false on overflow (hostile shapes or sizes). */
+static bool add(uint64_t *sum, uint64_t x)
+{
+	return rs_add_u64(*sum, x, sum);
+}
+
 /* Where each param starts: stages 1-2 in its group's flat (checked to
  * fill the flat as DeepSpeed's own merge checks it), stage 3 in every
- * rank's groups end to end (checked to fill them). */
+ * rank's groups end to end (checked to fill them).  Sizes are bounded by
+ * the files (flats) and by 2^61 elements a param (shapes), so only their
+ * sums can overflow. */
 static int offsets(const rs_ds_state *st, uint64_t *offset,
 		   const char *where, rs_diag *d)
 {
+	bool ok = true;
+
 	if (st->stage < 3) {
 		for (uint32_t g = 0; g < st->groups; g++) {
 			uint64_t o = 0, total = 0, align = 2ull * st->world;
 
 			for (uint32_t r = 0; r < st->world; r++)
-				total += flat(st, DS_FP32, r, g)->numel;
+				ok &= add(&total, flat(st, DS_FP32, r, g)->numel);
 			for (size_t p = 0; p < st->nparams; p++)
 				if (st->params[p].group == g) {
 					offset[p] = o;
-					o += st->params[p].numel;
+					ok &= add(&o, st->params[p].numel);
 				}
-			if (o > total || round_up(o, align) != round_up(total, align)) {
+			ok &= total < (1ull << 62);     /* round_up stays in range */
+			if (!ok || o > total || round_up(o, align) != round_up(total, align)) {
 				rs_diag_add(d, "%s: param_shapes of group %u hold %llu elements, but the ranks' fp32 partitions of that group hold %llu (not the same when both are rounded up to 2 x %u ranks)",
 					    where, g, (unsigned long long)o,
 					    (unsigned long long)total, st->world);
@@ -130,7 +135,7 @@ static int offsets(const rs_ds_state *st, uint64_t *offset,
 		uint64_t o = 0, total = 0;
 
 		for (uint32_t g = 0; g < st->groups; g++)
-			total += flat(st, DS_FP32, 0, g)->numel;
+			ok &= add(&total, flat(st, DS_FP32, 0, g)->numel);
 		for (uint32_t r = 1; r < st->world; r++)
 			for (uint32_t g = 0; g < st->groups; g++)
 				if (flat(st, DS_FP32, r, g)->numel !=
@@ -143,9 +148,9 @@ static int offsets(const rs_ds_state *st, uint64_t *offset,
 				}
 		for (size_t p = 0; p < st->nparams; p++) {
 			offset[p] = o;
-			o += (st->params[p].numel + st->world - 1) / st->world;
+			ok &= add(&o, (st->params[p].numel + st->world - 1) / st->world);
 		}
-		if (o != total) {
+		if (!ok || o != total) {
 			rs_diag_add(d, "%s: param_shapes need %llu elements of each rank's fp32 partitions (a 1/%u part of every param), but they hold %llu",
 				    where, (unsigned long long)o, st->world,
 				    (unsigned long long)total);
@@ -159,7 +164,7 @@ static int offsets(const rs_ds_state *st, uint64_t *offset,
 static int place_split(const rs_ds_state *st, size_t p,
 		       const uint64_t *offset, pieces *ps)
 {
-	const ds_param *q = &st->params[p];
+	const rs_ds_param *q = &st->params[p];
 	uint64_t part = (q->numel + st->world - 1) / st->world;
 
 	for (uint32_t r = 0; r < st->world; r++) {
@@ -174,7 +179,7 @@ static int place_split(const rs_ds_state *st, size_t p,
 }
 
 static int add_state(rs_checkpoint *ck, const rs_ds_state *st, int state,
-		     const ds_param *q, const pieces *ps, const char *where)
+		     const rs_ds_param *q, const pieces *ps, const char *where)
 {
 	char *name = NULL;
 	rs_frag_list fl = { 0 };
@@ -190,7 +195,7 @@ static int add_state(rs_checkpoint *ck, const rs_ds_state *st, int state,
 		return -ENOMEM;
 	for (size_t i = 0; i < ps->n && !err; i++) {
 		const piece *pc = &ps->v[i];
-		const ds_flat *f = flat(st, state, pc->rank, pc->group);
+		const rs_ds_flat *f = flat(st, state, pc->rank, pc->group);
 		uint64_t base[RS_MAX_DIMS] = { 0 };
 		rs_fragment first = { .source = f->source };
 

@@ -36,18 +36,25 @@ MISSING = _missing()
 needs_mcore = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
-def _transformers_missing():
-    """Why .venv-mcore cannot run transformers too, or None."""
-    if MISSING is not None:
-        return MISSING
-    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "megatron.core",
-                        "transformers", "safetensors"],
+def clients_missing(modules, what):
+    """Why .venv-mcore's python does not import `modules`, or None; `what`
+    names what scripts/setup installs there for them."""
+    if not MCORE_PY.exists():
+        return ".venv-mcore missing"
+    r = subprocess.run([str(MCORE_PY), str(CHECK), *modules],
                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                        text=True, timeout=300)
     if r.returncode != 0:
         return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
-                "transformers there (requirements-mcore.txt)")
+                f"{what} there (requirements-mcore.txt)")
     return None
+
+
+def _transformers_missing():
+    """Why .venv-mcore cannot run transformers too, or None."""
+    return MISSING or clients_missing(
+        ["torch", "megatron.core", "transformers", "safetensors"],
+        "transformers")
 
 
 # the tests that check with megatron-core and transformers both

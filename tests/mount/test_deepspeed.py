@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore import CHECK, MCORE_PY, REPO, needs_mcore
+from mcore import MCORE_PY, clients_missing, needs_mcore
 from test_bad_input import assert_refused
 
 HERE = Path(__file__).resolve().parent
@@ -30,20 +30,8 @@ RESUMER = HERE / "ds_resume.py"
 CHECKER = HERE / "ds_check.py"
 
 
-def _missing():
-    if not MCORE_PY.exists():
-        return ".venv-mcore missing"
-    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "deepspeed",
-                        "transformers", "safetensors"],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                       text=True, timeout=300)
-    if r.returncode != 0:
-        return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
-                "deepspeed there (requirements-mcore.txt)")
-    return None
-
-
-MISSING = _missing() if MCORE_PY.exists() else ".venv-mcore missing"
+MISSING = clients_missing(["torch", "deepspeed", "transformers",
+                           "safetensors"], "deepspeed")
 pytestmark = [needs_mcore,
               pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 

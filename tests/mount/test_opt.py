@@ -15,33 +15,20 @@ consolidate_shard_weights unflattens them).
 import hashlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from mcore import CHECK, MCORE_PY, REPO, needs_mcore, run_py
+from mcore import REPO, clients_missing, needs_mcore, run_py
 from test_bad_input import assert_refused
 
 WRITER = REPO / "scripts" / "make_opt_release.py"
 CHECKER = Path(__file__).resolve().parent / "opt_check.py"
 
 
-def _missing():
-    if not MCORE_PY.exists():
-        return ".venv-mcore missing"
-    r = subprocess.run([str(MCORE_PY), str(CHECK), "torch", "fairscale",
-                        "transformers", "omegaconf", "safetensors"],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                       text=True, timeout=300)
-    if r.returncode != 0:
-        return (f".venv-mcore: {r.stdout.strip()}: scripts/setup installs "
-                "fairscale, transformers and omegaconf there "
-                "(requirements-mcore.txt)")
-    return None
-
-
-MISSING = _missing() if MCORE_PY.exists() else ".venv-mcore missing"
+MISSING = clients_missing(["torch", "fairscale", "transformers", "omegaconf",
+                           "safetensors"],
+                          "fairscale, transformers and omegaconf")
 pytestmark = [needs_mcore,
               pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
