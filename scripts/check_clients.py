@@ -8,6 +8,7 @@ scripts/setup runs it last on each venv, scripts/test to say which optional
 parts are present, tests/mount/mcore.py for the skip reason.  Libraries'
 own warnings go to stderr; the verdict is the one line on stdout.
 """
+import contextlib
 import importlib
 import importlib.metadata
 import sys
@@ -46,7 +47,10 @@ def main(names):
         if name.startswith("megatron"):
             no_jit()
         try:
-            with warnings.catch_warnings():
+            # what a library prints while it imports (DeepSpeed logs its
+            # accelerator choice to stdout) is not the verdict line
+            with warnings.catch_warnings(), \
+                    contextlib.redirect_stdout(sys.stderr):
                 warnings.simplefilter("ignore")
                 mod = importlib.import_module(name)
         except BaseException as e:  # noqa: BLE001 (any failure is the answer)

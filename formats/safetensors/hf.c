@@ -66,19 +66,18 @@ static int check_model(const rs_checkpoint *ck, const rs_layout *l,
 {
 	const rs_model_config *m = &ck->model;
 
-	if (m->hf_names && !m->hf_config_out) {
-		rs_diag_add(d, "%s: the hf view needs the model's config.json, and there is none in the save directory or beside the tag directory; give it with -o hf_config=FILE",
-			    ck->dir_path);
-		return -EINVAL;
-	}
-	if (m->hf_names)
-		;       /* named as HF names them; config.json as stored */
-	else if (!m->family && m->why[0]) {
+	if (m->hf_names) {
+		/* named as HF names them; config.json the source's */
+		if (!m->hf_config_out) {
+			rs_diag_add(d, "%s: the hf view needs the model's config.json, and there is none in the save directory or beside the tag directory; give it with -o hf_config=FILE",
+				    ck->dir_path);
+			return -EINVAL;
+		}
+	} else if (!m->family && m->why[0]) {
 		rs_diag_add(d, "%s (the hf view needs the model's architecture)",
 			    m->why);
 		return -EINVAL;
-	}
-	else if (!m->family || !m->hf_config_out) {
+	} else if (!m->family || !m->hf_config_out) {
 		rs_diag_add(d, "%s: the hf view needs the model's architecture, and this %s checkpoint does not say it (a metaseq checkpoint's cfg with decoder_layers, decoder_embed_dim, decoder_ffn_embed_dim, decoder_attention_heads and max_target_positions)",
 			    ck->dir_path, ck->format->name);
 		return -EINVAL;

@@ -16,8 +16,9 @@ Models (both have one frozen parameter and one tied parameter):
          LayerNorm(24), a persistent buffer `scale`, head.weight tied to
          embed.weight, fc1.bias frozen (odd sizes, so ZeRO pads).
 
-The run takes --steps real AdamW steps with fixed seeds (rank-dependent
-batches) and then engine.save_checkpoint(DIR): DIR/global_step<N>/, DIR/latest,
+The run takes --steps real AdamW steps (two param groups, as the HF Trainer
+makes them: weight decay for matrices, none for biases and norms) with
+fixed seeds (rank-dependent batches) and then engine.save_checkpoint(DIR): DIR/global_step<N>/, DIR/latest,
 DIR/zero_to_fp32.py.  With --hf-trainer the layout is that of a HF Trainer
 save: DIR/checkpoint-<N>/ holds config.json (llama), model.safetensors (the
 16-bit module weights; ZeRO-3 gathers them), trainer_state.json,
@@ -109,8 +110,16 @@ def build_engine(model_kind, stage, dtype, extra=None):
     frozen = (model.model.layers[0].mlp.down_proj.weight if cfg is not None
               else model.fc1.bias)
     frozen.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                            lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    # two param groups, as the HF Trainer makes them: weight decay for
+    # the matrices, none for biases and norms
+    # (zero.Init leaves a partitioned param's shape in ds_shape)
+    train = [p for p in model.parameters() if p.requires_grad]
+    matrix = [len(getattr(p, "ds_shape", p.shape)) > 1 for p in train]
+    groups = [{"params": [p for p, m in zip(train, matrix) if m],
+               "weight_decay": WD},
+              {"params": [p for p, m in zip(train, matrix) if not m],
+               "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     return engine, cfg
 
