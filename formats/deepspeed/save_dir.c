@@ -116,9 +116,16 @@ int rs_ds_describe(rs_ds_reader *r)
 {
 	rs_checkpoint *ck = r->ck;
 	rs_ds_state *st = r->st;
-	const rs_entry *hf = rs_checkpoint_top_entry(ck, "model.safetensors");
+	const char *hf = NULL;
 	char steps[64] = "none stored";
 	int n;
+
+	for (size_t i = 0; i < ck->nentries && r->tag >= 0 && !hf; i++)
+		if (ck->entries[i].parent < 0 && !ck->entries[i].is_dir &&
+		    strcmp(ck->entries[i].name, "config.json") &&
+		    save_file(ck->entries[i].name, false) &&
+		    strstr(ck->entries[i].name, "model"))
+			hf = ck->entries[i].name;
 
 	if (st->groups && !isnan(st->step[0]))
 		snprintf(steps, sizeof(steps), "%.17g", st->step[0]);
@@ -158,9 +165,8 @@ int rs_ds_describe(rs_ds_reader *r)
 		ck->describe = NULL;
 		return -ENOMEM;
 	}
-	if (hf && r->tag >= 0 &&
-	    asprintf(&ck->notice, "%s holds the HF Trainer's model.safetensors and DeepSpeed's %s (named by latest): reading DeepSpeed's fp32 master weights; mount a directory holding only model.safetensors to read that copy instead",
-		     ck->root_path, st->tag) < 0) {
+	if (hf && asprintf(&ck->notice, "%s holds the HF Trainer's %s and DeepSpeed's %s (named by %s): reading DeepSpeed's fp32 master weights; mount a directory holding only the HF weights to read that copy instead",
+			   ck->root_path, hf, st->tag, st->tracker) < 0) {
 		ck->notice = NULL;
 		return -ENOMEM;
 	}
