@@ -1599,6 +1599,19 @@ const rs_pvalue *rs_pv_dictitems(const rs_pvalue *v)
 	return is_call(v) ? v->u.call.dict : NULL;
 }
 
+bool rs_pv_dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
+{
+	if (rs_pv_kind(v) == RS_PV_DICT) {
+		*pairs = v;
+		return true;
+	}
+	if (rs_pv_call_is(v, "collections.OrderedDict")) {
+		*pairs = rs_pv_dictitems(v);   /* a DICT, or NULL: empty */
+		return true;
+	}
+	return false;
+}
+
 bool rs_pv_call_is(const rs_pvalue *v, const char *full)
 {
 	return rs_pv_global_is(rs_pv_func(v), full);

@@ -196,6 +196,11 @@ const rs_pvalue *rs_pv_kwargs(const rs_pvalue *v);
 const rs_pvalue *rs_pv_state(const rs_pvalue *v);
 const rs_pvalue *rs_pv_listitems(const rs_pvalue *v);
 const rs_pvalue *rs_pv_dictitems(const rs_pvalue *v);
+/* A dict, or an OrderedDict (REDUCE(collections.OrderedDict, ()) and its
+ * SETITEMS): *pairs its pairs, NULL for an empty OrderedDict (rs_pv_len
+ * 0).  False for any other value. */
+bool rs_pv_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
+
 /* REDUCE or OBJECT whose callable/class is the GLOBAL `full`. */
 bool rs_pv_call_is(const rs_pvalue *v, const char *full);
 

@@ -19,6 +19,7 @@
 #include "formats/codec/pickle.h"
 #include "formats/codec/torchzip.h"
 #include "formats/codec/torch_tensor.h"
+#include "planner/names.h"
 
 /* The flat tensors one optimizer file holds per group, and the name
  * each becomes (ds_state order). */
@@ -41,6 +42,7 @@ typedef struct {
 	uint64_t shape[RS_MAX_DIMS];
 	uint64_t numel;
 	uint32_t group;
+	size_t tensor[DS_NSTATES];      /* its catalog tensors (zero.c) */
 } rs_ds_param;
 
 /* What the reader keeps (rs_checkpoint.extra) for the view and
@@ -55,11 +57,10 @@ typedef struct {
 	bool universal;         /* a universal checkpoint (zero/<param>/),
 				 * not ZeRO partitions; stage is 0 */
 	rs_ds_param *params;    /* trainable, flat order */
-	size_t nparams;
+	size_t nparams, cap_params;
 	rs_ds_flat *flats;      /* [(state * world + rank) * groups + g] */
 	bool has_state[DS_NSTATES];
 	double *step;           /* per group; NAN: none stored */
-	bool step_is_tensor;    /* torch keeps step a 0-d float32 tensor */
 	/* counts; of a universal checkpoint nparams too (params NULL) */
 	size_t nfrozen, nshared, nbuffers;
 	uint32_t model_states;  /* rank 0's model-states file (source) */
@@ -107,14 +108,29 @@ typedef struct {
 
 /* read.c: a rank file's name (*kind 'm' model states, 'o' optimizer;
  * *dp -1 when the name has none); f opened for its pickle (a dict unless
- * `any`), reported; a dict or an OrderedDict's items (*pairs NULL when
- * empty); a pickled name that may become a tensor's and a directory's
- * name; a tensor record of f checked against its zip, reported with
- * `what`; a stored step (0-d tensor or number) into *out. */
+ * `any`), reported; a pickled name that may become a tensor's and a
+ * directory's name; a tensor record of f checked against its zip,
+ * reported with `what`; a stored step (0-d tensor or number) into *out. */
 bool rs_ds_rank_name(const char *name, char *kind, long *dp, long *mp,
 		     bool *bf16);
+
+/* Names sorted for lookup (read.c): a model's dicts and the catalog hold
+ * one per tensor, and rs_pv_get and a catalog walk are linear scans, which
+ * a lookup per tensor would make quadratic at mount.  names[i] is item
+ * i's ("" for a dict key that is not a str); the pointers stay valid
+ * while the catalog grows, its names being allocated apart.  A dict that
+ * names a key twice is -EEXIST (Python keeps the last value).  find: the
+ * item named `name`, SIZE_MAX for none (and for NULL).  Free x also on
+ * error. */
+typedef struct {
+	const char **names;
+	rs_names by;
+} rs_ds_index;
+int rs_ds_index_dict(const rs_pvalue *dict, rs_ds_index *x);
+int rs_ds_index_catalog(const rs_catalog *c, rs_ds_index *x);
+size_t rs_ds_index_find(const rs_ds_index *x, const char *name);
+void rs_ds_index_free(rs_ds_index *x);
 int rs_ds_open(rs_ds_reader *r, rs_ds_file *f, bool any);
-bool rs_ds_dict(const rs_pvalue *v, const rs_pvalue **pairs);
 bool rs_ds_name_ok(const char *s, size_t len);
 int rs_ds_tensor(rs_ds_reader *r, rs_ds_file *f, const rs_pvalue *v,
 		 const char *what, rs_torch_tensor *t);
@@ -156,10 +172,10 @@ int rs_universal_build_view(const rs_checkpoint *ck, const rs_layout *l,
 
 /* Adds every trainable param of st and, for each state the optimizer
  * files hold, its optimizer.state.<state>.<name>, as fragments of the
- * flats (zero.c).  `where` names the tag directory in refusals: params
+ * flats (zero.c), recording each one's index in the param.  `where` names the tag directory in refusals: params
  * that do not fill the partitions exactly.  -EINVAL (reported),
  * -ENOMEM. */
-int rs_ds_add_params(rs_checkpoint *ck, const rs_ds_state *st,
+int rs_ds_add_params(rs_checkpoint *ck, rs_ds_state *st,
 		     const char *where, rs_diag *d);
 
 #endif

@@ -9,22 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner/array.h"
+
 static int add_param(rs_ds_reader *r, const rs_ds_file *f, const char *name,
 		     size_t len, const rs_pvalue *shape, uint32_t group)
 {
 	rs_ds_state *st = r->st;
 	rs_ds_param *p;
 	uint64_t numel = 1;
-	void *grown;
 
 	if (!rs_ds_name_ok(name, len)) {
 		rs_diag_add(r->d, "%s: param_shapes holds a name that cannot be a tensor's name", f->path);
 		return -EINVAL;
 	}
-	grown = realloc(st->params, (st->nparams + 1) * sizeof(*st->params));
-	if (!grown)
+	if (rs_array_reserve(&st->params, &st->cap_params, st->nparams + 1,
+			     sizeof(*st->params)))
 		return -ENOMEM;
-	st->params = grown;
 	p = &st->params[st->nparams];
 	memset(p, 0, sizeof(*p));
 	if (!rs_pv_dims(shape, p->shape, &p->ndim, RS_MAX_DIMS) || p->ndim < 1) {
@@ -65,7 +65,7 @@ int rs_ds_read_param_shapes(rs_ds_reader *r, rs_ds_file *f)
 	for (size_t g = 0; g < rs_pv_len(ps) && !err; g++) {
 		const rs_pvalue *items;
 
-		if (!rs_ds_dict(rs_pv_item(ps, g), &items)) {
+		if (!rs_pv_dict_like(rs_pv_item(ps, g), &items)) {
 			rs_diag_add(r->d, "%s: param_shapes[%zu] is not a dict", f->path, g);
 			return -EINVAL;
 		}
@@ -99,7 +99,10 @@ int rs_ds_add_stored(rs_ds_reader *r, const char *name, size_t len,
 		return -EINVAL;
 	}
 	for (int k = 0; k < ndim; k++)
-		numel *= shape[k];
+		if (!rs_mul_u64(numel, shape[k], &numel) || numel > (1ull << 60)) {
+			rs_diag_add(r->d, "%s: %s's shape is too large", path, name);
+			return -EINVAL;
+		}
 	for (uint32_t k = 0; k < nparts && at < numel && !err; k++) {
 		const rs_torch_tensor *t = &parts[k];
 		uint64_t base[RS_MAX_DIMS] = { 0 }, n = 1, take;
@@ -163,7 +166,7 @@ void rs_ds_module_facts(rs_ds_reader *r, rs_ds_file *f)
 	size_t len;
 
 	r->st->trained = RS_DTYPE_F32;
-	if (rs_ds_dict(rs_pv_get(root, "module"), &module) && r->st->params) {
+	if (rs_pv_dict_like(rs_pv_get(root, "module"), &module) && r->st->params) {
 		const rs_pvalue *t = rs_pv_get(module, r->st->params[0].name);
 		rs_torch_tensor tt;
 		char why[200];
@@ -180,19 +183,35 @@ void rs_ds_module_facts(rs_ds_reader *r, rs_ds_file *f)
 int rs_ds_read_frozen(rs_ds_reader *r)
 {
 	rs_ds_file *f0 = &r->model[0];
-	const rs_pvalue *shapes;
+	const rs_pvalue *shapes, **frags = NULL;
 	rs_torch_tensor *parts = NULL;
 	uint32_t *sources = NULL, n = r->st->stage < 3 ? 1 : r->nmodel;
+	rs_ds_index *by = NULL;
 	int err = 0;
 
-	if (!rs_ds_dict(rs_pv_get(rs_pickle_root(f0->pk), "frozen_param_shapes"), &shapes) ||
+	if (!rs_pv_dict_like(rs_pv_get(rs_pickle_root(f0->pk), "frozen_param_shapes"), &shapes) ||
 	    !rs_pv_len(shapes))
 		return 0;
 	parts = calloc(n, sizeof(*parts));
 	sources = calloc(n, sizeof(*sources));
-	if (!parts || !sources) {
+	frags = calloc(n, sizeof(*frags));
+	by = calloc(n, sizeof(*by));
+	if (!parts || !sources || !frags || !by) {
 		err = -ENOMEM;
 		goto out;
+	}
+	for (uint32_t k = 0; k < n && !err; k++) {
+		if (!rs_pv_dict_like(rs_pv_get(rs_pickle_root(r->model[k].pk),
+					  "frozen_param_fragments"), &frags[k])) {
+			rs_diag_add(r->d, "%s: frozen_param_fragments is not a dict",
+				    r->model[k].path);
+			err = -EINVAL;
+		}
+		if (!err && (err = rs_ds_index_dict(frags[k], &by[k])) == -EEXIST) {
+			rs_diag_add(r->d, "%s: frozen_param_fragments names a param twice",
+				    r->model[k].path);
+			err = -EINVAL;
+		}
 	}
 	for (size_t i = 0; i < rs_pv_len(shapes) && !err; i++) {
 		size_t len = 0;
@@ -209,10 +228,11 @@ int rs_ds_read_frozen(rs_ds_reader *r)
 		}
 		for (uint32_t k = 0; k < n && !err; k++) {
 			rs_ds_file *f = &r->model[k];
-			const rs_pvalue *fr, *t;
+			size_t at = rs_ds_index_find(&by[k], name);
+			const rs_pvalue *t = at == SIZE_MAX ? NULL
+							    : rs_pv_val(frags[k], at);
 
-			if (!rs_ds_dict(rs_pv_get(rs_pickle_root(f->pk), "frozen_param_fragments"), &fr) ||
-			    !(t = rs_pv_get(fr, name))) {
+			if (!t) {
 				rs_diag_add(r->d, "%s: frozen_param_fragments lacks %s",
 					    f->path, name);
 				err = -EINVAL;
@@ -227,6 +247,10 @@ int rs_ds_read_frozen(rs_ds_reader *r)
 		r->st->nfrozen++;
 	}
 out:
+	for (uint32_t k = 0; by && k < n; k++)
+		rs_ds_index_free(&by[k]);
+	free(by);
+	free(frags);
 	free(parts);
 	free(sources);
 	return err;
@@ -239,23 +263,23 @@ int rs_ds_read_module_frozen(rs_ds_reader *r)
 {
 	rs_ds_file *f = &r->model[0];
 	const rs_pvalue *root = rs_pickle_root(f->pk), *module, *sh = NULL;
-	rs_catalog *c = &r->ck->catalog;
-	int err = 0;
+	rs_ds_index known_names = { 0 };
+	int err;
 
 	if (r->st->stage == 3 || rs_pv_get(root, "frozen_param_shapes") == NULL ||
 	    rs_pv_kind(rs_pv_get(root, "frozen_param_shapes")) != RS_PV_NONE ||
-	    !rs_ds_dict(rs_pv_get(root, "module"), &module))
+	    !rs_pv_dict_like(rs_pv_get(root, "module"), &module))
 		return 0;
-	rs_ds_dict(rs_pv_get(root, "shared_params"), &sh);
+	rs_pv_dict_like(rs_pv_get(root, "shared_params"), &sh);
+	err = rs_ds_index_catalog(&r->ck->catalog, &known_names);
 	for (size_t i = 0; i < rs_pv_len(module) && !err; i++) {
 		size_t len = 0;
 		const char *name = rs_pv_str(rs_pv_key(module, i), &len);
-		bool known = !name || rs_pv_get(sh, name) != NULL;
 		rs_torch_tensor tt;
 
-		for (size_t k = 0; !known && k < c->count; k++)
-			known = strcmp(c->tensors[k].name, name) == 0;
-		if (known)
+		/* shared_params is a few names: scanned */
+		if (!name || rs_pv_get(sh, name) ||
+		    rs_ds_index_find(&known_names, name) != SIZE_MAX)
 			continue;
 		err = rs_ds_tensor(r, f, rs_pv_val(module, i), name, &tt);
 		if (!err)
@@ -263,6 +287,7 @@ int rs_ds_read_module_frozen(rs_ds_reader *r)
 					 tt.shape, tt.ndim, f->path);
 		r->st->nfrozen++;
 	}
+	rs_ds_index_free(&known_names);
 	return err;
 }
 
@@ -277,7 +302,7 @@ int rs_ds_read_buffers(rs_ds_reader *r)
 	if (!rs_pv_len(names))
 		return 0;
 	if (rs_pv_kind(names) != RS_PV_LIST ||
-	    !rs_ds_dict(rs_pv_get(root, "module"), &module)) {
+	    !rs_pv_dict_like(rs_pv_get(root, "module"), &module)) {
 		rs_diag_add(r->d, "%s: buffer_names is not a list of the module's entries",
 			    f->path);
 		return -EINVAL;
@@ -309,23 +334,24 @@ int rs_ds_read_shared(rs_ds_reader *r)
 	rs_ds_file *f = &r->model[0];
 	rs_catalog *c = &r->ck->catalog;
 	const rs_pvalue *sh;
-	int err = 0;
+	rs_ds_index params = { 0 };
+	int err;
 
-	if (!rs_ds_dict(rs_pv_get(rs_pickle_root(f->pk), "shared_params"), &sh))
+	if (!rs_pv_dict_like(rs_pv_get(rs_pickle_root(f->pk), "shared_params"), &sh))
 		return 0;
+	err = rs_ds_index_catalog(c, &params);
 	for (size_t i = 0; i < rs_pv_len(sh) && !err; i++) {
-		size_t len = 0, tlen = 0, to = SIZE_MAX, idx;
+		size_t len = 0, tlen = 0, idx;
 		const char *name = rs_pv_str(rs_pv_key(sh, i), &len);
 		const char *target = rs_pv_str(rs_pv_val(sh, i), &tlen);
+		size_t to = rs_ds_index_find(&params, target);
 
-		for (size_t k = 0; target && k < c->count; k++)
-			if (strcmp(c->tensors[k].name, target) == 0)
-				to = k;
 		if (!rs_ds_name_ok(name, len) || to == SIZE_MAX) {
 			rs_diag_add(r->d, "%s: shared_params names %s for %s, which is no param",
 				    f->path, name && rs_ds_name_ok(name, len) ? name : "a tensor",
 				    target && rs_ds_name_ok(target, tlen) ? target : "a name");
-			return -EINVAL;
+			err = -EINVAL;
+			break;
 		}
 		err = rs_catalog_add_fragments(c, name, c->tensors[to].dtype,
 					       c->tensors[to].ndim,
@@ -339,5 +365,6 @@ int rs_ds_read_shared(rs_ds_reader *r)
 		}
 		r->st->nshared++;
 	}
+	rs_ds_index_free(&params);
 	return err;
 }

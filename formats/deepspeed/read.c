@@ -174,11 +174,8 @@ static int find_tag(rs_ds_reader *r)
 		free(text);
 		return -EINVAL;
 	}
-	for (size_t i = 0; i < ck->nentries; i++)
-		if (ck->entries[i].parent < 0 && ck->entries[i].is_dir &&
-		    strcmp(ck->entries[i].name, s) == 0)
-			r->tag = (long)i;
-	if (r->tag < 0) {
+	r->tag = rs_ds_child(ck, -1, s);
+	if (r->tag < 0 || !ck->entries[r->tag].is_dir) {
 		rs_diag_add(r->d, "%s/%s: names the tag directory %s, which is missing",
 			    ck->root_path, tracker, s);
 		free(text);
@@ -278,20 +275,6 @@ static int find_files(rs_ds_reader *r)
 
 /* -- values of the pickles -- */
 
-/* A dict, or an OrderedDict's items (NULL when it is empty). */
-bool rs_ds_dict(const rs_pvalue *v, const rs_pvalue **pairs)
-{
-	if (rs_pv_kind(v) == RS_PV_DICT) {
-		*pairs = v;
-		return true;
-	}
-	if (rs_pv_call_is(v, "collections.OrderedDict")) {
-		*pairs = rs_pv_dictitems(v);
-		return !*pairs || rs_pv_kind(*pairs) == RS_PV_DICT;
-	}
-	return false;
-}
-
 /* The value of an int key of a dict (a torch optimizer's state). */
 static const rs_pvalue *int_key(const rs_pvalue *dict, int64_t key)
 {
@@ -328,6 +311,53 @@ static int zero_stage(const rs_pvalue *v)
 	if (rs_pv_int(v, &i) != 0 || i < 0 || i > 3)
 		return -1;
 	return (int)i;
+}
+
+/* Names sorted for lookup (deepspeed_int.h, rs_ds_index). */
+
+static int index_names(rs_ds_index *x, size_t n)
+{
+	return rs_names_sort(&x->by, x->names, n, sizeof(*x->names), 0);
+}
+
+int rs_ds_index_dict(const rs_pvalue *dict, rs_ds_index *x)
+{
+	size_t n = rs_pv_len(dict);
+
+	x->names = calloc(n + 1, sizeof(*x->names));
+	if (!x->names)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		x->names[i] = rs_pv_str(rs_pv_key(dict, i), NULL);
+		if (!x->names[i])
+			x->names[i] = "";
+	}
+	/* Python keeps a repeated key's last value, a lookup here the
+	 * first: refused rather than read differently */
+	if (index_names(x, n))
+		return -ENOMEM;
+	return rs_names_next_dup(&x->by, 1) < n ? -EEXIST : 0;
+}
+
+int rs_ds_index_catalog(const rs_catalog *c, rs_ds_index *x)
+{
+	x->names = calloc(c->count + 1, sizeof(*x->names));
+	if (!x->names)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->count; i++)
+		x->names[i] = c->tensors[i].name;
+	return index_names(x, c->count);
+}
+
+size_t rs_ds_index_find(const rs_ds_index *x, const char *name)
+{
+	return name ? rs_names_find(&x->by, name) : SIZE_MAX;
+}
+
+void rs_ds_index_free(rs_ds_index *x)
+{
+	rs_names_free(&x->by);
+	free(x->names);
 }
 
 /* A name from a pickle that becomes a tensor's name (and in the
@@ -389,13 +419,12 @@ static rs_ds_flat *flat_at(rs_ds_state *st, int state, uint32_t rank,
  * of metadata) or a number. */
 int rs_ds_read_step(rs_ds_reader *r, rs_ds_file *f, const rs_pvalue *v, double *out)
 {
+	union { float f; int64_t i; } x;
 	rs_torch_tensor t;
 	int fd;
 
-	if (rs_pv_kind(v) == RS_PV_INT || rs_pv_kind(v) == RS_PV_FLOAT) {
-		r->st->step_is_tensor = false;
+	if (rs_pv_kind(v) == RS_PV_INT || rs_pv_kind(v) == RS_PV_FLOAT)
 		return rs_pv_float(v, out);
-	}
 	if (rs_ds_tensor(r, f, v, "step", &t))
 		return -EINVAL;
 	if (t.ndim != 0 || (t.dtype != RS_DTYPE_F32 && t.dtype != RS_DTYPE_I64)) {
@@ -403,27 +432,13 @@ int rs_ds_read_step(rs_ds_reader *r, rs_ds_file *f, const rs_pvalue *v, double *
 			    f->path);
 		return -EINVAL;
 	}
-	if (rs_sources_fd(r->ck->sources, f->source, &fd) == 0) {
-		if (t.dtype == RS_DTYPE_F32) {
-			float x;
-
-			if (rs_pread_full(fd, &x, 4, t.offset) == 0) {
-				*out = x;
-				r->st->step_is_tensor = true;
-				return 0;
-			}
-		} else {
-			int64_t x;
-
-			if (rs_pread_full(fd, &x, 8, t.offset) == 0) {
-				*out = (double)x;
-				r->st->step_is_tensor = true;
-				return 0;
-			}
-		}
+	if (rs_sources_fd(r->ck->sources, f->source, &fd) != 0 ||
+	    rs_pread_full(fd, &x, rs_dtype_size(t.dtype), t.offset) != 0) {
+		rs_diag_add(r->d, "%s: cannot read step", f->path);
+		return -EINVAL;
 	}
-	rs_diag_add(r->d, "%s: cannot read step", f->path);
-	return -EINVAL;
+	*out = t.dtype == RS_DTYPE_F32 ? x.f : (double)x.i;
+	return 0;
 }
 
 /* What one optimizer file says: stage, partition count, its flats. */

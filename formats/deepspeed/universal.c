@@ -65,7 +65,6 @@ static int add_pt(builder *b, uint32_t dir, const char *name,
 
 	snprintf(archive, sizeof(archive), "%.*s", (int)(strlen(name) - 3), name);
 	if (ten) {
-		size = 4;
 		for (int i = 0; i < ten->ndim; i++)
 			size *= ten->shape[i];
 	}
@@ -96,14 +95,6 @@ static int add_pt(builder *b, uint32_t dir, const char *name,
 	return err;
 }
 
-static const rs_tensor *find(const rs_checkpoint *ck, const char *name)
-{
-	for (size_t i = 0; i < ck->catalog.count; i++)
-		if (strcmp(ck->catalog.tensors[i].name, name) == 0)
-			return &ck->catalog.tensors[i];
-	return NULL;
-}
-
 /* zero/<param>/: fp32, exp_avg, exp_avg_sq and step. */
 static int add_param(builder *b, uint32_t zero, const rs_ds_param *p,
 		     float step)
@@ -116,17 +107,9 @@ static int add_param(builder *b, uint32_t zero, const rs_ds_param *p,
 				   &dir);
 
 	for (int s = 0; s < DS_NSTATES && !err; s++) {
-		char name[600], file[40];
-		const rs_tensor *ten;
+		const rs_tensor *ten = &b->ck->catalog.tensors[p->tensor[s]];
+		char file[40];
 
-		if (s == DS_FP32)
-			snprintf(name, sizeof(name), "%s", p->name);
-		else
-			snprintf(name, sizeof(name), "optimizer.state.%s.%s",
-				 rs_ds_state_names[s], p->name);
-		ten = find(b->ck, name);
-		if (!ten)
-			return -EINVAL;
 		rs_pw_init(&w, 2);
 		rs_pw_dict_begin(&w);
 		rs_pw_cstr(&w, "cat_dim");

@@ -21,14 +21,15 @@ long rs_ds_child(const rs_checkpoint *ck, long dir, const char *name)
 
 /* One zero/<param>/<state>.pt: its 'param' (or, as ds_to_universal
  * writes stage 3's, the bare flat tensor) as catalog tensor `name`, in
- * the param's shape (param_shapes') when it is stored flat. */
+ * the param's shape (param_shapes') when it is stored flat; with
+ * is_step, a step.pt, whose value becomes the checkpoint's step. */
 static int universal_state(rs_ds_reader *r, long file, const char *name,
-			   const rs_pvalue *shapes, const char *param,
-			   bool *is_step)
+			   const rs_pvalue *shape, const char *param,
+			   bool is_step)
 {
 	rs_checkpoint *ck = r->ck;
 	rs_ds_file f = { .entry = file, .source = ck->entries[file].source };
-	const rs_pvalue *v, *shape = rs_pv_get(shapes, param);
+	const rs_pvalue *v;
 	uint64_t dims[RS_MAX_DIMS], numel = 1, n = 1;
 	int ndim = 0, err = rs_ds_open(r, &f, true);
 	rs_torch_tensor t;
@@ -44,7 +45,6 @@ static int universal_state(rs_ds_reader *r, long file, const char *name,
 	if (is_step) {
 		double step;
 
-		*is_step = true;
 		err = rs_ds_read_step(r, &f, v, &step);
 		if (!err && r->st->groups && isnan(r->st->step[0]))
 			r->st->step[0] = step;
@@ -59,7 +59,8 @@ static int universal_state(rs_ds_reader *r, long file, const char *name,
 		n *= t.shape[k];
 	if (t.ndim == 1 && shape && rs_pv_dims(shape, dims, &ndim, RS_MAX_DIMS)) {
 		for (int k = 0; k < ndim; k++)
-			numel *= dims[k];
+			if (!rs_mul_u64(numel, dims[k], &numel))
+				numel = UINT64_MAX;     /* not n: refused */
 		if (numel != n || ndim < 1) {
 			rs_diag_add(r->d, "%s: holds %llu elements, param_shapes says %s has %llu",
 				    f.path, (unsigned long long)n, param,
@@ -87,7 +88,13 @@ int rs_ds_read_universal(rs_ds_reader *r)
 	rs_checkpoint *ck = r->ck;
 	rs_ds_state *st = r->st;
 	rs_ds_file *f0 = &r->model[0];
+	/* a param directory's files, in rs_ds_state_names order, then step */
+	static const char *const file_names[4] = {
+		"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt", "step.pt",
+	};
 	const rs_pvalue *root, *ps, *shapes = NULL, *shared = NULL;
+	rs_ds_index by_shape = { 0 };
+	long (*files)[4];
 	int64_t world = 0;
 	int err = rs_ds_open(r, f0, false);
 
@@ -96,8 +103,8 @@ int rs_ds_read_universal(rs_ds_reader *r)
 	root = rs_pickle_root(f0->pk);
 	ps = rs_pv_get(root, "param_shapes");
 	if (rs_pv_kind(ps) == RS_PV_LIST && rs_pv_len(ps))
-		rs_ds_dict(rs_pv_item(ps, 0), &shapes);    /* stage 3: the only group */
-	rs_ds_dict(rs_pv_get(root, "shared_params"), &shared);
+		rs_pv_dict_like(rs_pv_item(ps, 0), &shapes);    /* stage 3: the only group */
+	rs_pv_dict_like(rs_pv_get(root, "shared_params"), &shared);
 	if (rs_pv_int(rs_pv_get(root, "dp_world_size"), &world) == 0 &&
 	    world > 0 && world <= (int64_t)RS_DS_MAX_RANKS)
 		st->world = (uint32_t)world;
@@ -107,49 +114,70 @@ int rs_ds_read_universal(rs_ds_reader *r)
 	if (!st->step)
 		return -ENOMEM;
 	st->step[0] = NAN;
+	/* each param directory's files, in one pass over the entries */
+	files = malloc((ck->nentries + 1) * sizeof(*files));
+	if (!files)
+		return -ENOMEM;
+	for (size_t i = 0; i < ck->nentries; i++)
+		for (int k = 0; k < 4; k++)
+			files[i][k] = -1;
+	for (size_t i = 0; i < ck->nentries; i++) {
+		const rs_entry *e = &ck->entries[i];
+
+		if (e->is_dir || e->parent < 0 ||
+		    ck->entries[e->parent].parent != r->zero)
+			continue;
+		for (int k = 0; k < 4; k++)
+			if (strcmp(e->name, file_names[k]) == 0)
+				files[e->parent][k] = (long)i;
+	}
+	if (shapes)
+		err = rs_ds_index_dict(shapes, &by_shape);
+	if (err == -EEXIST) {
+		rs_diag_add(r->d, "%s: param_shapes names a param twice", f0->path);
+		err = -EINVAL;
+	}
 	for (size_t i = 0; i < ck->nentries && !err; i++) {
 		const rs_entry *e = &ck->entries[i];
-		bool trainable;
+		size_t at = shapes ? rs_ds_index_find(&by_shape, e->name) : SIZE_MAX;
+		const rs_pvalue *shape = at == SIZE_MAX ? NULL : rs_pv_val(shapes, at);
+		bool trainable = files[i][DS_EXP_AVG] >= 0;
 
 		if (e->parent != r->zero || !e->is_dir ||
-		    rs_pv_get(shared, e->name))
+		    rs_pv_get(shared, e->name))     /* a few names: scanned */
 			continue;
-		if (rs_ds_child(ck, (long)i, "fp32.pt") < 0) {
-			rs_diag_add(r->d, "%s/zero/%s: holds no fp32.pt", r->where,
-				    e->name);
-			return -EINVAL;
+		if (files[i][DS_FP32] < 0 ||
+		    (trainable && files[i][DS_EXP_AVG_SQ] < 0)) {
+			rs_diag_add(r->d, "%s/zero/%s: holds %s", r->where,
+				    e->name, files[i][DS_FP32] < 0 ? "no fp32.pt"
+				    : "exp_avg.pt but no exp_avg_sq.pt");
+			err = -EINVAL;
+			break;
 		}
-		trainable = rs_ds_child(ck, (long)i, "exp_avg.pt") >= 0;
-		for (int s = 0; s < DS_NSTATES && !err; s++) {
-			long file = rs_ds_child(ck, (long)i, s ? (s == DS_EXP_AVG ? "exp_avg.pt" : "exp_avg_sq.pt") : "fp32.pt");
+		for (int s = 0; s < (trainable ? DS_NSTATES : 1) && !err; s++) {
 			char *name = NULL;
 
-			if (file < 0) {
-				if (trainable && s) {
-					rs_diag_add(r->d, "%s/zero/%s: holds exp_avg.pt but no exp_avg_sq.pt",
-						    r->where, e->name);
-					err = -EINVAL;
-				}
-				continue;
-			}
 			if (s && asprintf(&name, "optimizer.state.%s.%s",
-					  rs_ds_state_names[s], e->name) < 0)
-				return -ENOMEM;
-			err = universal_state(r, file, s ? name : e->name, shapes,
-					      e->name, NULL);
+					  rs_ds_state_names[s], e->name) < 0) {
+				err = -ENOMEM;
+				break;
+			}
+			err = universal_state(r, files[i][s], s ? name : e->name,
+					      shape, e->name, false);
 			free(name);
 		}
-		if (!err && trainable && rs_ds_child(ck, (long)i, "step.pt") >= 0) {
-			bool step = false;
-
-			err = universal_state(r, rs_ds_child(ck, (long)i, "step.pt"),
-					      e->name, NULL, e->name, &step);
-		}
+		if (!err && trainable && files[i][3] >= 0)
+			err = universal_state(r, files[i][3], e->name, NULL,
+					      e->name, true);
 		if (trainable)
 			st->nparams++;
 		else
 			st->nfrozen++;
 	}
+	rs_ds_index_free(&by_shape);
+	free(files);
+	if (err)
+		return err;
 	st->has_state[DS_FP32] = true;
 	st->has_state[DS_EXP_AVG] = st->has_state[DS_EXP_AVG_SQ] = st->nparams > 0;
 	/* From a stage 3 save ds_to_universal copies every rank's

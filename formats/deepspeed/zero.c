@@ -179,7 +179,7 @@ static int place_split(const rs_ds_state *st, size_t p,
 }
 
 static int add_state(rs_checkpoint *ck, const rs_ds_state *st, int state,
-		     const rs_ds_param *q, const pieces *ps, const char *where)
+		     rs_ds_param *q, const pieces *ps, const char *where)
 {
 	char *name = NULL;
 	rs_frag_list fl = { 0 };
@@ -213,13 +213,14 @@ static int add_state(rs_checkpoint *ck, const rs_ds_state *st, int state,
 		memcpy(ck->catalog.tensors[idx].frags, fl.v,
 		       fl.n * sizeof(*fl.v));
 		err = rs_catalog_set_origin(&ck->catalog, idx, where);
+		q->tensor[state] = idx;
 	}
 	free(fl.v);
 	free(name);
 	return err;
 }
 
-int rs_ds_add_params(rs_checkpoint *ck, const rs_ds_state *st,
+int rs_ds_add_params(rs_checkpoint *ck, rs_ds_state *st,
 		     const char *where, rs_diag *d)
 {
 	uint64_t *offset = calloc(st->nparams + 1, sizeof(*offset));

@@ -17,19 +17,6 @@
 #define RS_MEGATRON_MAX_LAYERS (1u << 16)
 #define RS_MEGATRON_MAX_EXPERTS (1u << 16)
 
-bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs)
-{
-	if (rs_pv_kind(v) == RS_PV_DICT) {
-		*pairs = v;
-		return true;
-	}
-	if (rs_pv_call_is(v, "collections.OrderedDict")) {
-		*pairs = rs_pv_dictitems(v);   /* NULL: empty */
-		return true;
-	}
-	return false;
-}
-
 static const rs_pvalue *arg(const rs_meg_state *st, const char *name)
 {
 	return rs_pv_get(rs_pv_state(st->args), name);

@@ -129,9 +129,7 @@ typedef struct {
 	size_t cap_tensors, cap_filled;
 } rs_meg_reader;
 
-/* args.c.  A dict, or an OrderedDict (*pairs its items: NULL when empty). */
-bool rs_meg_dict_like(const rs_pvalue *v, const rs_pvalue **pairs);
-/* The first rank file's args (r->st->top set): fills st->args, layers,
+/* args.c.  The first rank file's args (r->st->top set): fills st->args, layers,
  * vpp, tied and r->lpc, r->gated; refuses (reported, -EINVAL) what the
  * reader cannot map and checkpoint versions before 2.0.  st->tp and
  * st->pp come from the directories and must match. */

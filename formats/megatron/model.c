@@ -682,7 +682,7 @@ static int walk(walker *w, const rs_pvalue *pairs)
 		w->keys[w->nkeys++] = k;
 		if (rs_torch_is_tensor(v))
 			err = leaf(w, v);
-		else if (rs_meg_dict_like(v, &sub))
+		else if (rs_pv_dict_like(v, &sub))
 			err = walk(w, sub);
 		else {
 			rs_diag_add(w->r->d, "%s: model entry %s is neither a tensor nor a dict",
@@ -773,7 +773,7 @@ int rs_meg_add_rank(rs_meg_reader *r, const rs_zip *z, const rs_pvalue *top,
 		else
 			snprintf(key, sizeof(key), "model%u", c);
 		model = rs_pv_get(top, key);
-		if (!rs_meg_dict_like(model, &pairs)) {
+		if (!rs_pv_dict_like(model, &pairs)) {
 			rs_diag_add(r->d, "%s: no '%s' dict (args say %u virtual pipeline stage%s)",
 				    path, key, r->st->vpp, r->st->vpp > 1 ? "s" : "");
 			err = -EINVAL;

@@ -316,60 +316,18 @@ static int read_dict(const rs_zip *z, const rs_pvalue *root, ms_file *f,
 
 static int load_file(rs_checkpoint *ck, ms_file *f, rs_diag *d)
 {
-	char msg[RS_ZIP_MSG_SIZE], perr[200], where[MS_WHERE];
-	const rs_zip_entry *pkl;
-	rs_pickle_limits lim;
+	char where[MS_WHERE];
 	rs_pickle *pk = NULL;
 	rs_zip z = { 0 };
-	uint8_t *buf = NULL;
-	int fd, err;
+	int err;
 
 	snprintf(where, sizeof(where), "%s/%s", ck->dir_path, f->name);
-	err = rs_sources_fd(ck->sources, f->source, &fd);
-	if (err) {
-		rs_diag_add(d, "%s: cannot open: %s", where, strerror(-err));
-		return -EINVAL;
-	}
-	err = rs_zip_open(&z, fd, 0, rs_sources_id(ck->sources, f->source)->size,
-			  msg, sizeof(msg));
-	if (err) {
-		rs_diag_add(d, "%s: %s", where, msg);
-		err = err == -ENOMEM ? err : -EINVAL;
-		goto out;
-	}
-	pkl = rs_zip_find(&z, "data.pkl");
-	err = -EINVAL;
-	if (!pkl || pkl->size > MS_DATAPKL_MAX) {
-		rs_diag_add(d, "%s: no data.pkl of at most %u bytes", where,
-			    MS_DATAPKL_MAX);
-		goto out;
-	}
-	err = rs_checkpoint_charge(ck, pkl->size, where, d);
-	if (err)
-		goto out;
-	err = -EINVAL;
-	buf = malloc(pkl->size ? pkl->size : 1);
-	if (!buf) {
-		err = -ENOMEM;
-		goto out;
-	}
-	if (rs_pread_full(fd, buf, pkl->size, pkl->offset) != 0) {
-		rs_diag_add(d, "%s: cannot read data.pkl", where);
-		goto out;
-	}
-	rs_pickle_limits_default(&lim);
-	lim.allow = ms_pickle_allow;
-	lim.torch_persids = true;
-	err = rs_pickle_parse(buf, pkl->size, &lim, &pk, perr, sizeof(perr));
-	if (err) {
-		rs_diag_add(d, "%s: data.pkl: %s", where, perr);
-		err = err == -ENOMEM ? err : -EINVAL;
-		goto out;
-	}
-	err = read_dict(&z, rs_pickle_root(pk), f, where, d);
-out:
+	err = rs_checkpoint_open_torch_save(ck, f->source, where,
+					    ms_pickle_allow, MS_DATAPKL_MAX,
+					    &z, &pk, d);
+	if (!err)
+		err = read_dict(&z, rs_pickle_root(pk), f, where, d);
 	rs_pickle_free(pk);
-	free(buf);
 	rs_zip_free(&z);
 	return err;
 }
