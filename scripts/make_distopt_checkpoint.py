@@ -54,7 +54,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_mcore_checkpoint import _cpu_workarounds, _free_port  # noqa: E402
+from make_mcore_checkpoint import _cpu_workarounds, _free_port, spawn_ranks  # noqa: E402
 
 FORMS = ("fully_reshardable", "dp_reshardable", "fully_sharded_model_space")
 
@@ -425,9 +425,8 @@ def main(argv=None):
         compare(a.dir, a.want)
         return
     import torch
-    import torch.multiprocessing as mp
     t0 = time.time()
-    mp.spawn(worker, args=(a.world, _free_port(), a), nprocs=a.world, join=True)
+    spawn_ranks(worker, (a.world, _free_port(), a), a.world)
     if a.dump:
         ranks = [torch.load(f"{a.dump}.rank{r}", weights_only=False)
                  for r in range(a.world)]

@@ -55,20 +55,25 @@ import socket
 import sys
 
 
-def _cpu_workarounds():
-    """Patches needed to run megatron-core 0.15 on a machine without a GPU."""
-    import torch
+def _no_jit_extensions():
+    """megatron/core/inference/unified_memory.py JIT-compiles a CUDA
+    extension at import time.  Without a GPU and without
+    TORCH_CUDA_ARCH_LIST it dies with IndexError in _get_cuda_arch_flags
+    (not caught); with the arch list set it spends ~17 s in g++/nvcc and
+    then fails (caught).  Make it fail fast with an exception that megatron
+    catches."""
     import torch.utils.cpp_extension as cpp_ext
 
-    # megatron/core/inference/unified_memory.py JIT-compiles a CUDA extension
-    # at import time. Without a GPU and without TORCH_CUDA_ARCH_LIST it dies
-    # with IndexError in _get_cuda_arch_flags (not caught); with the arch list
-    # set it spends ~17 s in g++/nvcc and then fails (caught). Make it fail
-    # fast with an exception that megatron catches.
     def _no_jit(*args, **kwargs):
         raise RuntimeError("JIT CUDA extensions disabled (CPU-only run)")
 
     cpp_ext.load_inline = _no_jit
+
+
+def _cpu_workarounds():
+    """Patches needed to run megatron-core 0.15 on a machine without a GPU."""
+    import torch
+    _no_jit_extensions()
 
     # zarr strategy calls torch.cuda.synchronize() after every tensor copy.
     if not torch.cuda.is_available():
@@ -77,6 +82,33 @@ def _cpu_workarounds():
         # small int tensors on device=torch.cuda.current_device() for an
         # all_reduce; on CPU/gloo they must live on the CPU.
         torch.cuda.current_device = lambda: "cpu"
+
+
+# What every rank imports before its first step.  spawn_ranks imports them
+# once, in the parent, so that forked ranks start with them loaded.
+RANK_IMPORTS = (
+    "torch.distributed",
+    "megatron.core.parallel_state",
+    "megatron.core.dist_checkpointing",
+    "megatron.core.models.gpt",
+    "megatron.core.optimizer",
+)
+
+
+def spawn_ranks(fn, args, nprocs, imports=RANK_IMPORTS):
+    """torch.multiprocessing.spawn(fn, args, nprocs), but the ranks are
+    forked from this process once it has imported `imports`: a spawned rank
+    imports torch and megatron-core anew (about 8 s here), a forked one has
+    them already.  Call it only from a process that has run no torch
+    computation yet: OpenMP's thread pool does not survive a fork."""
+    import importlib
+
+    import torch.multiprocessing as mp
+    _no_jit_extensions()
+    for name in imports:
+        importlib.import_module(name)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True,
+                       start_method="fork")
 
 
 def _free_port():
@@ -517,8 +549,6 @@ def main(argv=None):
                          "write each rank's tensors to OUTDIR.<rank>.npz")
     args = ap.parse_args(argv)
 
-    import torch.multiprocessing as mp
-
     size = {k: getattr(args, k) for k in TINY}
     arch = dict(tied=args.tied, rope_base=args.rope_base, norm_eps=args.norm_eps,
                 prefix=args.prefix)
@@ -527,10 +557,9 @@ def main(argv=None):
                      args.seed, size, arch)
         return 0
     if args.load_from:
-        mp.spawn(_load_worker, args=(args.tp, _free_port(), os.path.abspath(args.load_from),
-                                     os.path.abspath(args.outdir), args.seed, size,
-                                     args.timing, arch),
-                 nprocs=args.tp, join=True)
+        spawn_ranks(_load_worker, (args.tp, _free_port(), os.path.abspath(args.load_from),
+                                   os.path.abspath(args.outdir), args.seed, size,
+                                   args.timing, arch), args.tp)
         return 0
 
     outdir = os.path.abspath(args.outdir)
@@ -538,10 +567,9 @@ def main(argv=None):
         ap.error(f"{outdir} exists and is not empty")
 
     port = _free_port()
-    mp.spawn(_worker, args=(args.tp, port, outdir, args.backend, args.verify_load, args.seed,
-                               args.with_optimizer, size, arch, args.with_args,
-                               args.legacy and os.path.abspath(args.legacy)),
-             nprocs=args.tp, join=True)
+    spawn_ranks(_worker, (args.tp, port, outdir, args.backend, args.verify_load, args.seed,
+                          args.with_optimizer, size, arch, args.with_args,
+                          args.legacy and os.path.abspath(args.legacy)), args.tp)
     if args.oracle:
         write_logits(os.path.abspath(args.oracle), outdir, args.seed, size, arch)
 

@@ -75,7 +75,7 @@ import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_mcore_checkpoint import _cpu_workarounds, pad_vocab  # noqa: E402
+from make_mcore_checkpoint import _cpu_workarounds, pad_vocab, spawn_ranks  # noqa: E402
 
 HIDDEN, HEADS, GROUPS, FFN, VOCAB, MAX_SEQ = 64, 8, 4, 128, 1000, 128
 MOE_FFN, SHARED_FFN = 32, 64
@@ -508,9 +508,8 @@ def main(argv=None):
     world = world_of(a)
     if world > 8:
         ap.error(f"the layout needs {world} processes; at most 8")
-    import torch.multiprocessing as mp
-    mp.spawn(_save_worker if a.cmd == "save" else _load_worker,
-             args=(world, _free_port(), a), nprocs=world, join=True)
+    spawn_ranks(_save_worker if a.cmd == "save" else _load_worker,
+                (world, _free_port(), a), world)
     if a.cmd == "save":
         print(f"saved {a.format} tp={a.tp} ep={a.ep} etp={a.etp} pp={a.pp} "
               f"to {a.path}")

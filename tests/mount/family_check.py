@@ -668,10 +668,8 @@ def spawn(job):
     import torch.multiprocessing as mp
     world = job["tp"] * job["ep"]
     assert world <= 8, world
-    ctx = mp.get_context("spawn")
-    result = ctx.SimpleQueue()
-    mp.spawn(_worker, args=(world, mm._free_port(), job, result),
-             nprocs=world, join=True)
+    result = mp.get_context("fork").SimpleQueue()
+    mm.spawn_ranks(_worker, (world, mm._free_port(), job, result), world)
     return result.get()
 
 
@@ -679,10 +677,17 @@ def hf_model(family, outdir, seed=4321, tied=False, sets=()):
     """make_hf_family's FAMILY model in outdir (its oracle outdir.oracle);
     sets: its --set KEY=VALUE arguments."""
     if not (Path(outdir) / "config.json").exists():
-        rc = mhf.main([family, str(outdir), "--seed", str(seed)]
-                      + (["--tied"] if tied else [])
-                      + [x for s in sets for x in ("--set", s)])
-        assert rc == 0, rc
+        # in a child: this process forks the ranks later (spawn), so it
+        # runs no torch computation itself
+        import multiprocessing
+        p = multiprocessing.get_context("fork").Process(
+            target=lambda: sys.exit(mhf.main(
+                [family, str(outdir), "--seed", str(seed)]
+                + (["--tied"] if tied else [])
+                + [x for s in sets for x in ("--set", s)])))
+        p.start()
+        p.join()
+        assert p.exitcode == 0, p.exitcode
     return json.loads((Path(outdir) / "config.json").read_text())
 
 

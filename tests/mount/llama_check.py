@@ -360,11 +360,9 @@ def check_mcore(mnt, hfdir, odir, tp, fmt, divisor=128):
     import torch.multiprocessing as mp
     import make_mcore_checkpoint as mm
     tp = int(tp)
-    ctx = mp.get_context("spawn")
-    result = ctx.SimpleQueue()
-    mp.spawn(_mcore_rank, args=(tp, mm._free_port(), str(mnt), str(hfdir),
-                                str(odir), fmt, int(divisor), result),
-             nprocs=tp, join=True)
+    result = mp.get_context("fork").SimpleQueue()
+    mm.spawn_ranks(_mcore_rank, (tp, mm._free_port(), str(mnt), str(hfdir),
+                                 str(odir), fmt, int(divisor), result), tp)
     print(result.get())
 
 
