@@ -23,10 +23,65 @@ int rs_source_set_add(rs_source_set *set, uint32_t index)
 	return err;
 }
 
+int rs_source_set_add_span(rs_source_set *set, uint32_t index, uint64_t off,
+			   uint64_t len)
+{
+	int err = rs_source_set_add(set, index);
+
+	if (!err)
+		err = rs_array_reserve(&set->spans, &set->spans_cap,
+				       set->nspans + 1, sizeof(*set->spans));
+	if (!err)
+		set->spans[set->nspans++] = (rs_source_span){ index, off, len };
+	return err;
+}
+
 void rs_source_set_free(rs_source_set *set)
 {
 	free(set->v);
+	free(set->spans);
 	*set = (rs_source_set){ 0 };
+}
+
+static int span_cmp(const void *a, const void *b)
+{
+	const rs_source_span *x = a, *y = b;
+
+	if (x->source != y->source)
+		return x->source < y->source ? -1 : 1;
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The spans sorted and merged where they overlap or touch, so that each
+ * byte is acquired once. */
+static void merge_spans(rs_source_set *set)
+{
+	size_t n = 0;
+
+	qsort(set->spans, set->nspans, sizeof(*set->spans), span_cmp);
+	for (size_t i = 0; i < set->nspans; i++) {
+		rs_source_span *last = n ? &set->spans[n - 1] : NULL;
+		const rs_source_span *s = &set->spans[i];
+
+		if (last && last->source == s->source &&
+		    s->off <= last->off + last->len) {
+			uint64_t end = s->off + s->len;
+
+			if (end > last->off + last->len)
+				last->len = end - last->off;
+		} else {
+			set->spans[n++] = *s;
+		}
+	}
+	set->nspans = n;
+}
+
+static void release_spans(const rs_blocks *b, const rs_source_set *set,
+			  size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		rs_sources_release(b->sources, set->spans[i].source,
+				   set->spans[i].off, set->spans[i].len);
 }
 
 /* Every source of the set as recorded: 0, or the first one's error
@@ -45,14 +100,25 @@ static int verify_all(const rs_blocks *b, const rs_source_set *set)
 	return 0;
 }
 
-int rs_blocks_gather(const rs_blocks *b, const rs_source_set *set,
+int rs_blocks_gather(const rs_blocks *b, rs_source_set *set,
 		     int (*gather)(void *arg), void *arg)
 {
 	int err = verify_all(b, set);
+	size_t got = 0;
 
 	if (err || !gather)
 		return err;
+	merge_spans(set);
+	for (; got < set->nspans && !err; got++)
+		err = rs_sources_acquire(b->sources, set->spans[got].source,
+					 set->spans[got].off,
+					 set->spans[got].len);
+	if (err) {
+		release_spans(b, set, got - 1);
+		return err;
+	}
 	err = gather(arg);
+	release_spans(b, set, got);
 	return err ? err : verify_all(b, set);
 }
 
@@ -119,8 +185,17 @@ static int build_block(void *arg, uint8_t *buf, uint64_t len)
 	err = rs_plan_slice(&bj->chunk->plan, pbegin, pend, &slice);
 	if (err)
 		return err;
-	for (size_t i = 0; i < slice.count && !err; i++)
-		err = rs_source_set_add(&set, slice.ops[i].source);
+	for (size_t i = 0; i < slice.count && !err; i++) {
+		const rs_copy_op *op = &slice.ops[i];
+
+		/* The span an op reads, for a provider to fetch. */
+		if (rs_sources_has_provider(bj->b->sources) && op->count)
+			err = rs_source_set_add_span(
+				&set, op->source, op->src_off,
+				(op->count - 1) * op->src_stride + op->len);
+		else
+			err = rs_source_set_add(&set, op->source);
+	}
 	g.slice = &slice;
 	if (!err)
 		err = rs_blocks_gather(bj->b, &set, run_block, &g);

@@ -64,23 +64,40 @@ int rs_blocks_build_into(const rs_blocks *b, const rs_chunk *c,
 /* Bytes of block `index` of chunk c (0 past its end). */
 uint64_t rs_blocks_block_len(const rs_chunk *c, uint64_t index);
 
-/* The distinct sources a gather reads.  Zero-initialise; the caller owns
- * the array and frees it with rs_source_set_free. */
+/* A byte range of one source file that a gather reads. */
+typedef struct {
+	uint32_t source;
+	uint64_t off, len;
+} rs_source_span;
+
+/* The distinct sources a gather reads, and, where the source table has a
+ * provider (planner/source.h), the ranges it reads of them.  Zero-
+ * initialise; the caller owns the arrays and frees them with
+ * rs_source_set_free. */
 typedef struct {
 	uint32_t *v;
 	size_t n, cap;
+	rs_source_span *spans;
+	size_t nspans, spans_cap;
 } rs_source_set;
 
 /* Adds source `index` unless it is there already.  0 or -ENOMEM. */
 int rs_source_set_add(rs_source_set *set, uint32_t index);
+
+/* Adds source `index` and the range [off, off+len) of it that the gather
+ * reads.  0 or -ENOMEM. */
+int rs_source_set_add_span(rs_source_set *set, uint32_t index, uint64_t off,
+			   uint64_t len);
 void rs_source_set_free(rs_source_set *set);
 
-/* Runs gather(arg), which reads only sources in `set`, between two checks
+/* Runs gather(arg), which reads only sources in `set` (with a provider:
+ * only the spans of the set, acquired from it for the gather and released
+ * after), between two checks
  * of each of them (rs_sources_verify): 0 when both found every one as
  * recorded; gather's own error; -ESTALE (logged) when one changed.  Bytes
  * gather wrote are valid only on 0.  gather may be NULL: the sources are
  * then checked once (a reply served from cached blocks alone). */
-int rs_blocks_gather(const rs_blocks *b, const rs_source_set *set,
+int rs_blocks_gather(const rs_blocks *b, rs_source_set *set,
 		     int (*gather)(void *arg), void *arg);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fs/fs.h"
+#include "fs/group.h"
 #include "planner/array.h"
 
 /* xattr values are limited to 64 KiB by the kernel. */
@@ -47,16 +48,67 @@ static char *executor_json(rs_fs *fs)
 	return out;
 }
 
+/* "group": this member's part in the read-once group (fs/group.h), or
+ * null without one.  Malloc'd. */
+static char *group_json(rs_fs *fs)
+{
+	rs_group_stats g;
+	char *out = NULL;
+
+	if (!fs->group)
+		return strdup("null");
+	rs_group_get_stats(fs->group, &g);
+	if (asprintf(&out,
+		     "{\n"
+		     "    \"transport\": \"%s\",\n"
+		     "    \"member\": %d,\n"
+		     "    \"members\": %d,\n"
+		     "    \"extent_size\": %llu,\n"
+		     "    \"storage_bytes\": %llu,\n"
+		     "    \"storage_reads\": %llu,\n"
+		     "    \"sent_bytes\": %llu,\n"
+		     "    \"received_bytes\": %llu,\n"
+		     "    \"requests_served\": %llu,\n"
+		     "    \"extents_fetched\": %llu,\n"
+		     "    \"extents_prefetched\": %llu,\n"
+		     "    \"bypassed\": {\"timeouts\": %llu, \"bad_checksums\": %llu, \"stale_replies\": %llu, \"peer_down\": %llu},\n"
+		     "    \"evicted\": %llu,\n"
+		     "    \"resident_bytes\": %llu,\n"
+		     "    \"budget\": %llu,\n"
+		     "    \"peers_down\": %u\n"
+		     "  }",
+		     g.transport, g.rank, g.size,
+		     (unsigned long long)g.extent_size,
+		     (unsigned long long)g.storage_bytes,
+		     (unsigned long long)g.storage_reads,
+		     (unsigned long long)g.sent_bytes,
+		     (unsigned long long)g.received_bytes,
+		     (unsigned long long)g.served,
+		     (unsigned long long)g.fetched,
+		     (unsigned long long)g.prefetched,
+		     (unsigned long long)g.timeouts,
+		     (unsigned long long)g.bad_checksums,
+		     (unsigned long long)g.stale_replies,
+		     (unsigned long long)g.peer_down,
+		     (unsigned long long)g.evicted,
+		     (unsigned long long)g.resident_bytes,
+		     (unsigned long long)g.budget, g.peers_down) < 0)
+		return NULL;
+	return out;
+}
+
 char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 {
 	rs_cache_stats cs;
 	char *out = NULL, *exec = executor_json(fs);
 	char *pt = rs_passthrough_stats_json(fs->pt);
+	char *group = group_json(fs);
 	int n;
 
-	if (!exec || !pt) {
+	if (!exec || !pt || !group) {
 		free(exec);
 		free(pt);
+		free(group);
 		return NULL;
 	}
 	rs_cache_get_stats(fs->blocks.cache, &cs);
@@ -78,6 +130,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     "  \"executor\": \"%s\",\n"
 		     "  \"executor_stats\": %s,\n"
 		     "  \"passthrough\": %s,\n"
+		     "  \"group\": %s,\n"
 		     "  \"dtype\": \"%s\",\n"
 		     "  \"format\": \"%s\",\n"
 		     "  \"view_format\": \"%s\",\n"
@@ -98,7 +151,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     (unsigned long long)cs.cold_blocks,
 		     (unsigned long long)cs.evictions,
 		     (unsigned long long)rs_prefetch_blocks(fs->prefetch),
-		     rs_executor_name(fs->blocks.exec), exec, pt,
+		     rs_executor_name(fs->blocks.exec), exec, pt, group,
 		     fs->layout.dtype ? rs_dtype_name(fs->layout.dtype) : "stored",
 		     fs->ck.format->name,
 		     fs->view_format->name,
@@ -106,6 +159,7 @@ char *rs_fs_stats_json(rs_fs *fs, size_t *len)
 		     fs->tree.count, rs_sources_count(fs->ck.sources));
 	free(exec);
 	free(pt);
+	free(group);
 	if (n < 0)
 		return NULL;
 	*len = (size_t)n;

@@ -18,6 +18,7 @@
 
 #include "formats/open.h"
 #include "fs/blocks.h"
+#include "fs/group.h"
 #include "fs/passthrough.h"
 #include "fs/prefetch.h"
 #include "fs/snapshot.h"
@@ -44,6 +45,9 @@ struct rs_fs {
 	 * main after the cache. */
 	rs_snapshots *snapshots;
 	rs_passthrough *pt;
+	/* The read-once group (-o group=, fs/group.h), or NULL: the
+	 * provider of ck's sources while the session runs. */
+	rs_group *group;
 	fuse_ino_t ctl_ino, stats_ino;
 	const rs_format_def *view_format;
 	_Atomic uint64_t bytes_served;

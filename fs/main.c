@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fs/fs.h"
+#include "fs/group.h"
 #include "fs/log.h"
 #include "fs/mountpoint.h"
 #include "fs/option_names.h"
@@ -256,6 +257,10 @@ static void teardown(rs_fs *fs)
 	rs_prefetch_stop(fs->prefetch);
 	rs_passthrough_free(fs->pt);
 	rs_snapshots_free(fs->snapshots);
+	/* Unmounted by now, with no reader left, a member still serves its
+	 * peers until each is done. */
+	if (fs->group)
+		rs_group_leave(fs->group);
 	rs_cache_free(fs->blocks.cache);
 	rs_executor_destroy(fs->blocks.exec);
 	rs_vtree_free(&fs->tree);
@@ -305,7 +310,8 @@ int main(int argc, char *argv[])
 	rs_options o;
 	rs_fs fs = { .open_lock = PTHREAD_MUTEX_INITIALIZER };
 	rs_diag *d = NULL;
-	int ret = 1;
+	rs_group_transport *gt = NULL;
+	int ret = 1, built;
 
 	if (rs_options_hint(argc, argv) != 0) {
 		ret = 2;
@@ -335,10 +341,30 @@ int main(int argc, char *argv[])
 		goto out_cmd;
 	if (!o.dry_run && rs_mountpoint_check(cmd.mountpoint) != 0)
 		goto out_cmd;
+	/* A group member runs under the job's launcher, which waits on it:
+	 * it stays in the foreground. */
+	if (o.group && !o.dry_run) {
+		cmd.foreground = 1;
+		d = rs_diag_new();
+		if (!d || rs_group_transport_mpi(&gt, d) != 0) {
+			if (d)
+				print_diag(d);
+			goto out_cmd;
+		}
+	}
 	rs_log_setup(cmd.debug);
 	raise_fd_limit();
 
-	if (build(&fs, &o) != 0)
+	built = build(&fs, &o) == 0;
+	/* Every member takes part, failed or not, so none waits forever. */
+	if (gt && rs_group_agree(gt, built ? fs.ck.sources : NULL,
+				 built ? fs.ck.root_path : o.source, d) != 0) {
+		print_diag(d);
+		gt->finish(gt, true);
+		gt = NULL;
+		goto out_built;
+	}
+	if (!built)
 		goto out_cmd;
 	if (o.dry_run) {
 		rs_fs_dry_run(&fs, o.verbose, stdout);
@@ -347,7 +373,8 @@ int main(int argc, char *argv[])
 	}
 	fs.blocks.sources = fs.ck.sources;
 	fs.blocks.root_path = fs.ck.root_path;
-	d = rs_diag_new();
+	if (!d)
+		d = rs_diag_new();
 	if (!d || rs_executor_probe(&o.exec, d) != 0) {
 		if (d)
 			print_diag(d);
@@ -405,6 +432,25 @@ int main(int argc, char *argv[])
 		       strcmp(cuda, "ready") == 0
 			       ? "" : "; blocks are built on the CPU");
 	}
+	/* Before any reader: the group becomes the sources' provider. */
+	if (gt) {
+		if (rs_group_new(&fs.group, gt, fs.ck.sources, fs.ck.root_path,
+				 o.cache_size, o.group_timeout_ms) != 0) {
+			rs_log(RS_LOG_ERROR, "cannot make the group's extent store (out of memory)");
+			goto out_unmount;
+		}
+		gt = NULL;   /* the group's now */
+		if (rs_group_start(fs.group) != 0) {
+			rs_log(RS_LOG_ERROR, "cannot start the group's threads");
+			goto out_unmount;
+		}
+		rs_group_stats gs;
+
+		rs_group_get_stats(fs.group, &gs);
+		rs_log(RS_LOG_INFO, "group=mpi: member %d of %d; extents of %llu MiB",
+		       gs.rank, gs.size,
+		       (unsigned long long)(RS_GROUP_EXTENT >> 20));
+	}
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 	if (o.passthrough &&
@@ -433,15 +479,22 @@ int main(int argc, char *argv[])
 
 out_unmount:
 	fuse_session_unmount(se);
+
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:
 	fuse_session_destroy(se);
 out_fs:
-	rs_diag_free(d);
 out_dry:
 	teardown(&fs);
+	goto out_cmd;
+out_built:
+	if (built)
+		teardown(&fs);
 out_cmd:
+	if (gt)
+		gt->finish(gt, false);
+	rs_diag_free(d);
 	free(cmd.mountpoint);
 out_opts:
 	rs_options_free(&o);

@@ -1,6 +1,7 @@
 #include "fs/options.h"
 
 #include "formats/open.h"
+#include "fs/group.h"
 #include "fs/option_names.h"
 
 #include <errno.h>
@@ -316,6 +317,42 @@ static int validate_exec(rs_options *o)
 	return bad;
 }
 
+/* group= and group_timeout=. */
+static int validate_group(rs_options *o)
+{
+	char *end = NULL;
+	double secs;
+	int bad = 0;
+
+	o->group_timeout_ms = RS_GROUP_DEFAULT_TIMEOUT_MS;
+	if (o->group_s) {
+		if (strcmp(o->group_s, "mpi") == 0) {
+			o->group = true;
+		} else {
+			fprintf(stderr, "reshardfs: -o group=%s: must be mpi\n",
+				o->group_s);
+			bad = -1;
+		}
+	}
+	if (o->group_timeout_s) {
+		errno = 0;
+		secs = strtod(o->group_timeout_s, &end);
+		if (errno || end == o->group_timeout_s || *end ||
+		    !(secs >= 0.01 && secs <= 3600)) {
+			fprintf(stderr, "reshardfs: -o group_timeout=%s: must be seconds from 0.01 to 3600\n",
+				o->group_timeout_s);
+			bad = -1;
+		} else if (!o->group_s) {
+			fprintf(stderr, "reshardfs: -o group_timeout=%s: needs -o group=mpi\n",
+				o->group_timeout_s);
+			bad = -1;
+		} else {
+			o->group_timeout_ms = (unsigned)(secs * 1000 + 0.5);
+		}
+	}
+	return bad;
+}
+
 int rs_options_validate(rs_options *o)
 {
 	int bad = 0;
@@ -451,6 +488,7 @@ int rs_options_validate(rs_options *o)
 		}
 	}
 	bad |= validate_exec(o);
+	bad |= validate_group(o);
 	return bad ? -1 : 0;
 }
 

@@ -119,7 +119,14 @@
 	X(GPUS, "gpus", gpus_s, "LIST",                                       \
 	  "CUDA devices to use, e.g. 0,1 (default: all)")                     \
 	X(STR, "gpu_mem", gpu_mem_s, "SIZE",                                  \
-	  "device memory per GPU for staging (default 256M)")
+	  "device memory per GPU for staging (default 256M)")                 \
+	X(STR, "group", group_s, "mpi",                                       \
+	  "read each source byte once per job: the daemons\n"                 \
+	  "started together by mpirun or srun share their\n"                  \
+	  "source reads over MPI (implies -f)")                                \
+	X(STR, "group_timeout", group_timeout_s, "SECONDS",                   \
+	  "with group=: how long a read waits on a peer\n"                    \
+	  "before reading from storage itself (default 10)")
 
 #define RS_OPTION_FIELD(kind, name, field, arg, help) char *field;
 
@@ -133,6 +140,8 @@ typedef struct {
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
+	bool group;             /* group=mpi */
+	unsigned group_timeout_ms;
 	bool show_help;
 	bool show_version;
 	bool dry_run;           /* --dry-run: print the view, mount nothing */

@@ -343,7 +343,10 @@ static fallback decide(rs_passthrough *p, uint32_t node, node_state *st)
 		return FB_OFF;
 	if (!atomic_load(&p->active))
 		return FB_UNAVAILABLE;
-	if (src != UINT32_MAX && rs_sources_immutable(p->sources, src) == 1 &&
+	/* A provider's sources (the read-once group) are read through it:
+	 * the kernel reading the file itself would bypass it. */
+	if (src != UINT32_MAX && !rs_sources_has_provider(p->sources) &&
+	    rs_sources_immutable(p->sources, src) == 1 &&
 	    rs_sources_fd(p->sources, src, &fd) == 0) {
 		if (backing_open(p, fd, &st->backing_id) != 0)
 			return FB_BACKING;

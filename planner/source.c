@@ -26,6 +26,8 @@ struct rs_sources {
 	size_t cap;
 	pthread_mutex_t open_lock; /* serialises first opens only */
 	_Atomic uint64_t bytes_read;
+	const rs_source_provider *provider;
+	void *provider_arg;
 };
 
 void rs_file_id_from_stat(rs_file_id *id, const struct stat *st)
@@ -167,7 +169,7 @@ int rs_sources_check(rs_sources *s, uint32_t index)
 	return same_id(&now, &f->id) ? 0 : -ESTALE;
 }
 
-int rs_sources_fd(rs_sources *s, uint32_t index, int *fd)
+int rs_sources_own_fd(rs_sources *s, uint32_t index, int *fd)
 {
 	source_file *f = &s->files[index];
 	struct stat st;
@@ -207,11 +209,51 @@ out:
 	return err;
 }
 
+int rs_sources_fd(rs_sources *s, uint32_t index, int *fd)
+{
+	int err = rs_sources_own_fd(s, index, fd);
+
+	if (err || !s->provider)
+		return err;
+	err = s->provider->data_fd(s->provider_arg, index);
+	if (err < 0)
+		return err;
+	*fd = err;
+	return 0;
+}
+
+void rs_sources_set_provider(rs_sources *s, const rs_source_provider *p,
+			     void *arg)
+{
+	s->provider = p;
+	s->provider_arg = arg;
+}
+
+bool rs_sources_has_provider(const rs_sources *s)
+{
+	return s->provider != NULL;
+}
+
+int rs_sources_acquire(rs_sources *s, uint32_t index, uint64_t off,
+		       uint64_t len)
+{
+	if (!s->provider || len == 0)
+		return 0;
+	return s->provider->acquire(s->provider_arg, index, off, len);
+}
+
+void rs_sources_release(rs_sources *s, uint32_t index, uint64_t off,
+			uint64_t len)
+{
+	if (s->provider && len)
+		s->provider->release(s->provider_arg, index, off, len);
+}
+
 int rs_sources_verify(rs_sources *s, uint32_t index)
 {
 	struct stat st;
 	rs_file_id now;
-	int fd, err = rs_sources_fd(s, index, &fd);
+	int fd, err = rs_sources_own_fd(s, index, &fd);
 
 	if (err)
 		return err;
@@ -223,7 +265,7 @@ int rs_sources_verify(rs_sources *s, uint32_t index)
 
 int rs_sources_immutable(rs_sources *s, uint32_t index)
 {
-	int fd, flags = 0, err = rs_sources_fd(s, index, &fd);
+	int fd, flags = 0, err = rs_sources_own_fd(s, index, &fd);
 
 	if (err)
 		return err;
@@ -256,9 +298,15 @@ int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off)
 int rs_sources_pread(rs_sources *s, uint32_t index, void *dst, uint64_t len,
 		     uint64_t off)
 {
-	int fd, err = rs_sources_fd(s, index, &fd);
+	int fd, err = rs_sources_acquire(s, index, off, len);
 
-	return err ? err : rs_pread_full(fd, dst, len, off);
+	if (err)
+		return err;
+	err = rs_sources_fd(s, index, &fd);
+	if (!err)
+		err = rs_pread_full(fd, dst, len, off);
+	rs_sources_release(s, index, off, len);
+	return err;
 }
 
 void rs_sources_count_read(rs_sources *s, uint64_t bytes)

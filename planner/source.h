@@ -80,11 +80,45 @@ int rs_sources_verify(rs_sources *s, uint32_t index);
  * truncate, rename over or remove it while the flag stays. */
 int rs_sources_immutable(rs_sources *s, uint32_t index);
 
+/* Where the bytes of source files come from when not from their own
+ * descriptors: the read-once group of fs/group.h keeps the extents its
+ * members share in files of its own.  With a provider set, readers
+ * acquire the byte ranges they will read (the provider makes them
+ * readable, fetching them if it must, and keeps them until released), and
+ * rs_sources_fd hands out the provider's descriptor for the file, whose
+ * bytes are at the same offsets as the source's.  The identity checks
+ * (rs_sources_check, rs_sources_verify, rs_sources_immutable) keep using
+ * the source file itself.
+ *   acquire  0, or -EIO / -ESTALE (no bytes of the range may be used);
+ *   release  undoes one successful acquire of the same range;
+ *   data_fd  a descriptor owned by the provider, or -errno. */
+typedef struct {
+	int (*acquire)(void *arg, uint32_t index, uint64_t off, uint64_t len);
+	void (*release)(void *arg, uint32_t index, uint64_t off, uint64_t len);
+	int (*data_fd)(void *arg, uint32_t index);
+} rs_source_provider;
+
+/* Sets the provider (NULL: none), before any reader runs. */
+void rs_sources_set_provider(rs_sources *s, const rs_source_provider *p,
+			     void *arg);
+bool rs_sources_has_provider(const rs_sources *s);
+
+/* The provider's acquire and release; without one, 0 and nothing. */
+int rs_sources_acquire(rs_sources *s, uint32_t index, uint64_t off,
+		       uint64_t len);
+void rs_sources_release(rs_sources *s, uint32_t index, uint64_t off,
+			uint64_t len);
+
+/* The source file's own descriptor, opened and checked as rs_sources_fd
+ * does, whatever the provider: what the provider itself reads. */
+int rs_sources_own_fd(rs_sources *s, uint32_t index, int *fd);
+
 /* Reads exactly `len` bytes at `off` of fd: -EIO when the file ends first
  * or a read fails, never a short read (EINTR is retried). */
 int rs_pread_full(int fd, void *dst, uint64_t len, uint64_t off);
 
-/* rs_pread_full of a source file (through rs_sources_fd). */
+/* rs_pread_full of a source file (through rs_sources_fd, the range
+ * acquired from the provider for the read). */
 int rs_sources_pread(rs_sources *s, uint32_t index, void *dst, uint64_t len,
 		     uint64_t off);
 
