@@ -327,8 +327,9 @@ int main(int argc, char *argv[])
 		goto out_cmd;
 	}
 	if (o.show_version || cmd.show_version) {
-		printf("reshardfs version %s\nFUSE library version %s\nexecutors: %s\n",
-		       RS_VERSION, fuse_pkgversion(), rs_executor_backends());
+		printf("reshardfs version %s\nFUSE library version %s\nexecutors: %s\ngroup transports: %s\n",
+		       RS_VERSION, fuse_pkgversion(), rs_executor_backends(),
+		       rs_group_mpi_built() ? "mpi" : "none");
 		ret = 0;
 		goto out_cmd;
 	}
