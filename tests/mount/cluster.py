@@ -55,7 +55,7 @@ class Cluster:
         self.store_dir = Path(store_dir)
         self.store_rate, self.link_rate = store_rate, link_rate
         # Short unique names: interface names are at most 15 bytes.
-        self.tag = f"rs{os.getpid() % 100000}"
+        self.tag = f"r{os.urandom(3).hex()}"
         self.bridge = f"{self.tag}br"
         self.store_ns = f"{self.tag}st"
         self.node_ns = [f"{self.tag}n{k}" for k in range(n)]
@@ -261,6 +261,11 @@ class Cluster:
                 self.sshd.wait()
             for ns in [self.store_ns, *self.node_ns]:
                 sh("ip", "netns", "del", ns, check=False)
+            # A namespace outlives its name while a process is in it;
+            # its links go with their host ends.
+            for k in range(self.n):
+                sh("ip", "link", "del", f"{self.tag}v{k}", check=False)
+            sh("ip", "link", "del", f"{self.tag}s", check=False)
             sh("ip", "link", "del", self.bridge, check=False)
 
     def __enter__(self):
