@@ -247,8 +247,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 rcs.append(p.wait())
-        # sshfs, left behind in each node's mount namespace
+        # sshfs, left behind in each node's mount namespace, and its ssh
         sh("pkill", "-f", f"{self.base}/store", check=False)
+        sh("pkill", "-f", f"{self.base}/ssh/key", check=False)
         self.procs, self.pids = [], {}
         return max(rcs) if rcs else 0
 
