@@ -29,7 +29,17 @@ from pathlib import Path
 MTU = 9000   # frame headers under 1% of what crosses a link
 
 
+_MISSING = []
+
+
 def missing():
+    """Why simulated nodes cannot be made here, or None."""
+    if not _MISSING:
+        _MISSING.append(_probe())
+    return _MISSING[0]
+
+
+def _probe():
     for tool in ("ip", "tc", "nsenter", "sshfs", "ssh-keygen", "mpirun",
                  "fusermount3"):
         if shutil.which(tool) is None:
@@ -38,6 +48,21 @@ def missing():
         return "/usr/sbin/sshd not found (openssh-server)"
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
+    # What start() does, once: a namespace, a veth into it, a tc rate.
+    ns, host = f"r{os.urandom(3).hex()}p", f"r{os.urandom(3).hex()}p"
+    try:
+        for argv in (("ip", "netns", "add", ns),
+                     ("ip", "link", "add", host, "type", "veth", "peer",
+                      "name", "eth0", "netns", ns),
+                     ("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
+                      "eth0", "root", "tbf", "rate", "1gbit", "burst", "1mb",
+                      "latency", "200ms")):
+            r = sh(*argv, check=False)
+            if r.returncode:
+                return f"{' '.join(argv[:4])}: {r.stderr.strip()[:200]}"
+    finally:
+        sh("ip", "link", "del", host, check=False)
+        sh("ip", "netns", "del", ns, check=False)
     return None
 
 
