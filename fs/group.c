@@ -434,10 +434,12 @@ static void send_reply(rs_group *g, const job *j)
 			((uint8_t *)(r + 1))[len / 2] ^= 0x40;
 #endif
 	}
+	/* r is the transport's once sent: its length is read before. */
+	len = r->len;
 	if (g->t->send(g->t, j->peer, RS_GROUP_TAG_REPLY, r,
-		       sizeof(*r) + r->len) == 0) {
+		       sizeof(*r) + len) == 0) {
 		add(&g->st.served, 1);
-		add(&g->st.sent_bytes, r->len);
+		add(&g->st.sent_bytes, len);
 	}
 }
 
