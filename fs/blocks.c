@@ -58,6 +58,8 @@ static void merge_spans(rs_source_set *set)
 {
 	size_t n = 0;
 
+	if (!set->nspans)
+		return;
 	qsort(set->spans, set->nspans, sizeof(*set->spans), span_cmp);
 	for (size_t i = 0; i < set->nspans; i++) {
 		rs_source_span *last = n ? &set->spans[n - 1] : NULL;
