@@ -435,6 +435,8 @@ int main(int argc, char *argv[])
 	}
 	/* Before any reader: the group becomes the sources' provider. */
 	if (gt) {
+		rs_group_stats gs;
+
 		if (rs_group_new(&fs.group, gt, fs.ck.sources, fs.ck.root_path,
 				 o.cache_size, o.group_timeout_ms) != 0) {
 			rs_log(RS_LOG_ERROR, "cannot make the group's extent store (out of memory)");
@@ -445,8 +447,6 @@ int main(int argc, char *argv[])
 			rs_log(RS_LOG_ERROR, "cannot start the group's threads");
 			goto out_unmount;
 		}
-		rs_group_stats gs;
-
 		rs_group_get_stats(fs.group, &gs);
 		rs_log(RS_LOG_INFO, "group=mpi: member %d of %d; extents of %llu MiB",
 		       gs.rank, gs.size,
@@ -480,7 +480,6 @@ int main(int argc, char *argv[])
 
 out_unmount:
 	fuse_session_unmount(se);
-
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_session:
