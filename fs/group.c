@@ -73,12 +73,12 @@ typedef struct {
 struct rs_group {
 	rs_group_transport *t;
 	rs_sources *sources;
-	const char *root;
 	group_file *files;
 	uint32_t nfiles;
 	uint64_t timeout_ns;
 	uint64_t budget, resident;
 	uint32_t next_seq;
+	uint64_t nextents;      /* of every file together */
 	uint32_t hand_file;     /* the eviction clock */
 	uint64_t hand_ext;
 
@@ -137,11 +137,9 @@ static uint64_t extent_len(const group_file *f, uint64_t k)
  * used since the hand last passed one more round.  Under g->lock. */
 static void evict(rs_group *g)
 {
-	uint64_t visited = 0, total = 0;
+	uint64_t visited = 0;
 
-	for (uint32_t i = 0; i < g->nfiles; i++)
-		total += g->files[i].nextents;
-	while (g->resident > g->budget && visited < 2 * total) {
+	while (g->resident > g->budget && visited < 2 * g->nextents) {
 		group_file *f;
 		extent *e;
 
@@ -235,8 +233,9 @@ static int fetch(rs_group *g, uint32_t i, uint64_t k, int owner)
 	deadline = now_ns() + g->timeout_ns;
 	pthread_mutex_lock(&g->lock);
 	while (!e->reply && !g->down[owner]) {
-		struct timespec ts;
-		uint64_t rt;
+		struct timespec ts = {
+			(time_t)(deadline / 1000000000ull),
+			(long)(deadline % 1000000000ull) };
 
 		if (now_ns() >= deadline) {
 			/* Bypassed from now on, until it is heard from. */
@@ -246,11 +245,7 @@ static int fetch(rs_group *g, uint32_t i, uint64_t k, int owner)
 			       owner, g->timeout_ns / 1e9);
 			break;
 		}
-		clock_gettime(CLOCK_REALTIME, &ts);
-		rt = (uint64_t)ts.tv_sec * 1000000000ull +
-		     (uint64_t)ts.tv_nsec + (deadline - now_ns());
-		ts.tv_sec = (time_t)(rt / 1000000000ull);
-		ts.tv_nsec = (long)(rt % 1000000000ull);
+		/* g->changed waits on CLOCK_MONOTONIC, as now_ns reads. */
 		pthread_cond_timedwait(&g->changed, &g->lock, &ts);
 	}
 	if (!e->reply && g->down[owner] && now_ns() < deadline)
@@ -602,22 +597,25 @@ static void *progress(void *arg)
 /* --- life --- */
 
 int rs_group_new(rs_group **out, rs_group_transport *t, rs_sources *s,
-		 const char *root_path, uint64_t budget, unsigned timeout_ms)
+		 uint64_t budget, unsigned timeout_ms)
 {
 	rs_group *g = calloc(1, sizeof(*g));
+	pthread_condattr_t ca;
 	int err = -ENOMEM;
 
 	if (!g)
 		return -ENOMEM;
 	g->t = t;
 	g->sources = s;
-	g->root = root_path;
 	g->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
 	/* At least an extent per thread that may pin one at a time. */
 	g->budget = budget > 64 * RS_GROUP_EXTENT ? budget
 						  : 64 * RS_GROUP_EXTENT;
 	pthread_mutex_init(&g->lock, NULL);
-	pthread_cond_init(&g->changed, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->changed, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_cond_init(&g->queued, NULL);
 	g->nfiles = rs_sources_count(s);
 	g->files = calloc(g->nfiles ? g->nfiles : 1, sizeof(*g->files));
@@ -633,6 +631,7 @@ int rs_group_new(rs_group **out, rs_group_transport *t, rs_sources *s,
 
 		f->size = rs_sources_id(s, i)->size;
 		f->nextents = (f->size + RS_GROUP_EXTENT - 1) / RS_GROUP_EXTENT;
+		g->nextents += f->nextents;
 		f->memfd = memfd_create("reshardfs-group", MFD_CLOEXEC);
 		if (f->memfd < 0 || ftruncate(f->memfd, (off_t)f->size) != 0) {
 			err = -errno;

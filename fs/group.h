@@ -112,7 +112,7 @@ typedef struct rs_group rs_group;
  * always allowed); timeout_ms: how long a read waits on a peer.
  * Starts nothing. */
 int rs_group_new(rs_group **out, rs_group_transport *t, rs_sources *s,
-		 const char *root_path, uint64_t budget, unsigned timeout_ms);
+		 uint64_t budget, unsigned timeout_ms);
 
 /* Collective, before rs_group_new: the members compare their source
  * tables (every file's path, size, mtime and ctime; s NULL: this member

@@ -437,8 +437,8 @@ int main(int argc, char *argv[])
 	if (gt) {
 		rs_group_stats gs;
 
-		if (rs_group_new(&fs.group, gt, fs.ck.sources, fs.ck.root_path,
-				 o.cache_size, o.group_timeout_ms) != 0) {
+		if (rs_group_new(&fs.group, gt, fs.ck.sources, o.cache_size,
+				 o.group_timeout_ms) != 0) {
 			rs_log(RS_LOG_ERROR, "cannot make the group's extent store (out of memory)");
 			goto out_unmount;
 		}

@@ -222,10 +222,15 @@ def test_corrupt_replies_are_bypassed(src, job):
     assert j.stop() == 0, j.text()
 
 
-def test_stopped_member_is_bypassed(src, job):
-    exp = expected_view(src, 2)
+def four_members(src, job):
+    """A mounted job of 4 that waits 2 s on a peer, and its oracle."""
     j = job(4, [src] * 4, "tp=2,group=mpi,group_timeout=2")
     j.wait_mounted()
+    return expected_view(src, 2), j
+
+
+def test_stopped_member_is_bypassed(src, job):
+    exp, j = four_members(src, job)
     victim = j.member_pids()[3]
     os.kill(victim, signal.SIGSTOP)
     try:
@@ -247,9 +252,7 @@ def test_stopped_member_is_bypassed(src, job):
 
 
 def test_killed_member_mid_read(src, job):
-    exp = expected_view(src, 2)
-    j = job(4, [src] * 4, "tp=2,group=mpi,group_timeout=2")
-    j.wait_mounted()
+    exp, j = four_members(src, job)
     victim = j.member_pids()[2]
     assert read_views(j, [0, 1, 3], exp, midway=lambda: os.kill(
         victim, signal.SIGKILL)) == {0: 0, 1: 0, 3: 0}
