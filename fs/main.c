@@ -27,11 +27,14 @@
 #define PREFETCH_THREADS 2
 
 /* Threads that build parts of large snapshots beside their openers
- * (fs/snapshot.h): one per CPU but the opener's. */
-static unsigned snapshot_threads(void)
+ * (fs/snapshot.h): with -o threads=N, N - 1 (the opener is the Nth);
+ * else one per CPU but the opener's, and at least one. */
+static unsigned snapshot_threads(unsigned threads)
 {
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
 
+	if (threads)
+		return threads - 1;
 	return n > 1 ? (unsigned)(n - 1) : 1;
 }
 
@@ -455,7 +458,7 @@ int main(int argc, char *argv[])
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 	if (o.passthrough &&
-	    rs_snapshots_start(fs.snapshots, snapshot_threads()) != 0)
+	    rs_snapshots_start(fs.snapshots, snapshot_threads(o.threads)) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start every snapshot build thread; openers build the rest");
 
 	if (cmd.singlethread) {

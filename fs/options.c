@@ -295,6 +295,16 @@ static int validate_exec(rs_options *o)
 			bad = -1;
 		}
 	}
+	if (o->threads_s) {
+		if (parse_u64(o->threads_s, &v) || v < 1 || v > RS_MAX_THREADS) {
+			fprintf(stderr, "reshardfs: -o threads=%s: must be an integer from 1 to %d\n",
+				o->threads_s, RS_MAX_THREADS);
+			bad = -1;
+		} else {
+			o->threads = (unsigned)v;
+			e->threads = o->threads;
+		}
+	}
 	if (o->gpus_s && parse_gpus(o->gpus_s, e)) {
 		fprintf(stderr, "reshardfs: -o gpus=%s: must be distinct device numbers (0-255), at most %d, separated by commas\n",
 			o->gpus_s, RS_MAX_GPUS);

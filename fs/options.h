@@ -116,6 +116,10 @@
 	  "who builds blocks: auto (default: the CPU, and a\n"                \
 	  "CUDA GPU for the work it measures faster at), cpu,\n"              \
 	  "or cuda (every block on the GPU; experimental)")                   \
+	X(STR, "threads", threads_s, "N",                                     \
+	  "threads that build blocks and snapshots: the CPU\n"               \
+	  "executor's workers and the snapshot builders\n"                   \
+	  "(default: one per online CPU)")                                     \
 	X(GPUS, "gpus", gpus_s, "LIST",                                       \
 	  "CUDA devices to use, e.g. 0,1 (default: all)")                     \
 	X(STR, "gpu_mem", gpu_mem_s, "SIZE",                                  \
@@ -139,7 +143,8 @@ typedef struct {
 	uint64_t passthrough_max;
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
-	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem= */
+	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem=, threads= */
+	unsigned threads;       /* threads=; 0: one per online CPU */
 	bool group;             /* group=mpi */
 	unsigned group_timeout_ms;
 	bool show_help;

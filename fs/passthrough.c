@@ -26,12 +26,13 @@ typedef enum {
 	FB_BUILD,                /* the snapshot build failed */
 	FB_BACKING,              /* FUSE_DEV_IOC_BACKING_OPEN failed */
 	FB_JOINED,               /* the file is open on the read path */
+	FB_READ_BEFORE,          /* an earlier open read it on the read path */
 	FB_REASONS
 } fallback;
 
 static const char *const fallback_names[FB_REASONS] = {
 	"off", "unavailable", "too_large", "budget", "build_failed",
-	"backing_failed", "open_on_read_path",
+	"backing_failed", "open_on_read_path", "read_before",
 };
 
 static const char *const kind_names[RS_OPEN_KINDS] = {
@@ -51,6 +52,7 @@ typedef struct {
 	rs_open_kind kind;       /* NODE_BACKED */
 	int32_t backing_id;
 	rs_snapshot *snap;       /* RS_OPEN_SNAPSHOT */
+	bool read_before;        /* an open of it on the read path ended */
 } node_state;
 
 struct rs_passthrough {
@@ -332,7 +334,8 @@ static uint32_t whole_source(rs_passthrough *p, const rs_vnode *n)
 }
 
 /* The first open of a file: how it is served (lock not held). */
-static fallback decide(rs_passthrough *p, uint32_t node, node_state *st)
+static fallback decide(rs_passthrough *p, uint32_t node, bool read_before,
+		       node_state *st)
 {
 	const rs_vnode *n = &p->tree->nodes[node];
 	uint32_t src = whole_source(p, n);
@@ -353,6 +356,10 @@ static fallback decide(rs_passthrough *p, uint32_t node, node_state *st)
 		st->kind = RS_OPEN_SOURCE;
 		return FB_REASONS;
 	}
+	/* Its pages are in the kernel's cache, unless memory pressure took
+	 * them: cheaper read again than built again (passthrough.h). */
+	if (read_before)
+		return FB_READ_BEFORE;
 	err = rs_snapshots_get(p->snapshots, node, &st->snap, &reused);
 	if (err)
 		return err == -E2BIG ? FB_TOO_LARGE
@@ -393,7 +400,7 @@ void rs_passthrough_open(rs_passthrough *p, uint32_t node, rs_pt_open *o)
 	st->opens = 1;
 	pthread_mutex_unlock(&p->lock);
 
-	why = decide(p, node, &fresh);
+	why = decide(p, node, st->read_before, &fresh);
 
 	pthread_mutex_lock(&p->lock);
 	if (why == FB_REASONS) {
@@ -423,11 +430,13 @@ void rs_passthrough_close(rs_passthrough *p, uint32_t node, rs_pt_open *o)
 	pthread_mutex_lock(&p->lock);
 	p->open_now[o->kind]--;
 	if (st->opens && --st->opens == 0) {
+		bool read_before = st->read_before || st->mode == NODE_READ;
+
 		if (st->mode == NODE_BACKED) {
 			id = st->backing_id;
 			snap = st->snap;
 		}
-		*st = (node_state){ 0 };
+		*st = (node_state){ .read_before = read_before };
 	}
 	pthread_mutex_unlock(&p->lock);
 	/* The kernel sends RELEASE after it let go of the backing file (its

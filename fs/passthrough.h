@@ -22,8 +22,15 @@
  *            the kernel does not offer passthrough or the daemon lacks
  *            CAP_SYS_ADMIN, for files over max_size, when the cache budget
  *            is full of open files' bytes, when the build or the backing
- *            registration fails, and while the file is open on the read
- *            path already.
+ *            registration fails, while the file is open on the read path
+ *            already, and for a file an earlier open read on the read
+ *            path: the kernel keeps the pages it read (keep_cache), and
+ *            reading them again measured 2.6-3.4 times faster than
+ *            building a snapshot of the file to read instead
+ *            (BENCHMARKS.md, "Which way an open goes").
+ * A first open goes to a snapshot rather than the read path because that
+ * measured faster on a 16-core machine, cold (1.9-2.1 times) and warm, and
+ * about even on 2 cores (BENCHMARKS.md, same section).
  * Why a raw passthrough to a source that can change is never used: the
  * kernel would read whatever the file holds at the time, so a rewrite in
  * place would show foreign bytes and a truncation short reads, where every

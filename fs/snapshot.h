@@ -61,8 +61,9 @@ typedef struct {
 	uint64_t build_threads;  /* build threads running */
 } rs_snapshot_stats;
 
-/* The most build threads a store runs. */
-#define RS_SNAPSHOT_MAX_THREADS 8
+/* The most build threads a store runs (-o threads= is at most
+ * RS_MAX_THREADS, gpu/executor.h). */
+#define RS_SNAPSHOT_MAX_THREADS 1024
 
 /* A store for the files of `tree`, built through `blocks` (both borrowed:
  * they must outlive the store), none larger than max_size bytes.  It

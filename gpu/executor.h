@@ -93,6 +93,8 @@ typedef enum {
 } rs_executor_kind;
 
 #define RS_MAX_GPUS 16
+/* The most CPU build threads -o threads= asks for. */
+#define RS_MAX_THREADS 1024
 
 typedef struct {
 	rs_executor_kind kind;

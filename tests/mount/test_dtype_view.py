@@ -261,6 +261,9 @@ def test_torch_dist_view_converted(sample, mount, tmp_path):
     (["gpu_mem=12Q"], ("gpu_mem=12Q", "size")),
     (["executor=cpu", "gpus=0"], ("gpus", "executor=auto or executor=cuda")),
     (["executor=cpu", "gpu_mem=1G"], ("gpu_mem", "executor=auto")),
+    (["threads=0"], ("threads=0", "from 1 to 1024")),
+    (["threads=1025"], ("threads=1025", "from 1 to 1024")),
+    (["threads=two"], ("threads=two", "integer")),
 ])
 def test_bad_executor_options(sample, failing_mount, opts, needles):
     rc, err = failing_mount(sample(2), opts)

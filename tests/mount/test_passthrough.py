@@ -9,9 +9,10 @@ checked against the numpy oracle:
   one is freed when the budget needs its bytes; blocks and snapshots
   together stay within cache_size;
 * fallbacks to the read path, each with its reason: passthrough=off,
-  files over passthrough_max, a budget full of open files' snapshots, and
+  files over passthrough_max, a budget full of open files' snapshots,
   opens of a file already open on the read path (an inode cannot be open
-  both ways: the kernel would fail the open with EIO);
+  both ways: the kernel would fail the open with EIO), and opens of a file
+  read on the read path before (the kernel holds its pages);
 * whole source files that are immutable (chattr +i before the mount) are
   passed through to the source file itself, the rest are snapshots;
 * option refusals.
@@ -176,17 +177,21 @@ def test_fallbacks(sample, mount):
     all_released(m)
     st = stats(m)
     assert st["cache_bytes"] + st["cache_charged"] <= 4 << 20, st
-    # released: fc1[4] now fits
+    # released: fc1[4] would fit now, but it was read on the read path and
+    # the kernel holds its pages: it stays there; fc1[5] was never read
     assert (m.mnt / fc1[4]).read_bytes() == exp.read(fc1[4])
-    assert pt(m)["opens"]["snapshot"] == 5
+    assert (m.mnt / fc1[5]).read_bytes() == exp.read(fc1[5])
+    p = pt(m)
+    assert p["fallbacks"]["read_before"] == 1, p
+    assert p["opens"]["snapshot"] == 5 and p["opens"]["read"] == 2, p
 
 
 def test_one_way_per_open_inode(sample, mount):
     """A file opened on the read path (the budget was full) stays on it for
-    every open made while it is open, and goes to a snapshot once all are
-    closed; a file open in passthrough is joined by later opens, which
-    share its backing file.  The kernel refuses an open of the other way
-    with EIO: none is seen."""
+    every open made while it is open, and after (its pages are the
+    kernel's: read_before); a file open in passthrough is joined by later
+    opens, which share its backing file.  The kernel refuses an open of
+    the other way with EIO: none is seen."""
     src = sample(2, **SMALL)
     exp = ExpectedView(src, 8)
     fc1 = data_files(exp, FC1)
@@ -208,14 +213,17 @@ def test_one_way_per_open_inode(sample, mount):
         p = pt(m)
         assert p["fallbacks"]["budget"] == 1, p
         assert p["fallbacks"]["open_on_read_path"] == 2, p
-        # all closed: the next open is a snapshot
-        first = open(m.mnt / fc1[2], "rb")
-        with open(m.mnt / fc1[2], "rb") as second:
-            assert second.read() == exp.read(fc1[2])
-        assert read_mapped(m.mnt / fc1[2]) == exp.read(fc1[2])
-        assert first.read() == exp.read(fc1[2])
+        # all closed: fc1[2] stays on the read path; fc1[3], never read,
+        # goes to a snapshot, joined by the opens made while it is open
+        assert (m.mnt / fc1[2]).read_bytes() == exp.read(fc1[2])
+        first = open(m.mnt / fc1[3], "rb")
+        with open(m.mnt / fc1[3], "rb") as second:
+            assert second.read() == exp.read(fc1[3])
+        assert read_mapped(m.mnt / fc1[3]) == exp.read(fc1[3])
+        assert first.read() == exp.read(fc1[3])
         first.close()
         p = pt(m)
+        assert p["fallbacks"]["read_before"] == 1, p
         assert p["opens"]["snapshot"] == 2 + 3, p
         assert p["snapshots"]["builds"] == 3, p
     finally:
@@ -311,6 +319,22 @@ def test_immutable_sources_passed_through(tmp_path, mount, immutable):
     assert p["opens"]["snapshot"] == 3 * (len(exp.files) - len(fc1)), p
     assert p["snapshots"]["bytes_built"] == exp.total_bytes() - sum(
         exp.size(r) for r in fc1), p
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_build_threads(sample, mount, threads):
+    """-o threads=N: the opener and N - 1 snapshot build threads build
+    large files in parts; every byte right either way."""
+    src = sample(2, **dict(SMALL, ffn=8192))
+    exp = ExpectedView(src, 1)
+    m = mount(src, ["tp=1", "cache_size=1G", f"threads={threads}"])
+    need_passthrough(m)
+    for rel in data_files(exp):
+        assert (m.mnt / rel).read_bytes() == exp.read(rel), rel
+    s = pt(m)["snapshots"]
+    assert s["build_threads"] == threads - 1, s
+    if threads == 1:
+        assert s["parts_on_threads"] == 0, s
 
 
 def test_options(sample, failing_mount):
