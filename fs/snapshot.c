@@ -179,7 +179,11 @@ void rs_snapshots_free(rs_snapshots *s)
  * executor's threads.  Parts overlap the rest of a window's work: one
  * part's source ranges and gathers run while another part's pwrite into
  * the memfd does; the pwrites themselves take the file's inode lock in
- * turn.)  A cut never falls inside a tensor block, so every block is
+ * turn.  Writing the parts through a shared mapping instead measured no
+ * faster with 4-16 threads and half as fast with one: populating shmem
+ * pages is the limit either way, about 3 GB/s for one file on the
+ * 16-core device machine; BENCHMARKS.md, "Build threads".)  A cut never
+ * falls inside a tensor block, so every block is
  * still built once (amplification 1.00); of two parts writing either end
  * of one page, whichever comes first zeroes only the bytes the other
  * then writes. */
