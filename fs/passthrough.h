@@ -25,12 +25,14 @@
  *            registration fails, while the file is open on the read path
  *            already, and for a file an earlier open read on the read
  *            path: the kernel keeps the pages it read (keep_cache), and
- *            reading them again measured 2.6-3.4 times faster than
+ *            reading them again measured 2.5-3.9 times faster than
  *            building a snapshot of the file to read instead
  *            (BENCHMARKS.md, "Which way an open goes").
  * A first open goes to a snapshot rather than the read path because that
- * measured faster on a 16-core machine, cold (1.9-2.1 times) and warm, and
- * about even on 2 cores (BENCHMARKS.md, same section).
+ * measured faster with 16 readers on a 16-core machine, cold (1.2-2.1
+ * times) and warm, and about even on 2 cores; with 1-4 readers of many
+ * small files the read path won, a case this rule does not yet tell
+ * apart (BENCHMARKS.md, same section).
  * Why a raw passthrough to a source that can change is never used: the
  * kernel would read whatever the file holds at the time, so a rewrite in
  * place would show foreign bytes and a truncation short reads, where every
