@@ -10,9 +10,11 @@ A Cluster makes:
 
 Bytes the store served are read at the store: its interface's tx_bytes.
 A job is either one mpirun over the nodes (-o group=mpi; MPI's TCP
-transport over the bridge) or n independent daemons.  Commands run
-inside a node with `node_run` (nsenter into the daemon's network and
-mount namespaces).
+transport over the bridge) or n independent daemons; or, with
+`mount_stores`, no daemon at all: the nodes' sshfs mounts of the store
+alone, for jobs that read the source themselves.  Commands run inside a
+node with `node_run` (nsenter into the network and mount namespaces of
+the node's daemon, or of its sshfs).
 
 Needs root, iproute2 (ip netns, tc), OpenSSH's sshd and ssh-keygen, sshfs
 and, for group jobs, mpirun; `missing()` says what is absent.
@@ -86,6 +88,7 @@ class Cluster:
         self.node_ns = [f"{self.tag}n{k}" for k in range(n)]
         self.sshd = None
         self.procs = []
+        self.stores_only = False
 
     # ------------------------------------------------------------ network
     def _link(self, ns, host_if, addr, rate):
@@ -144,23 +147,29 @@ class Cluster:
 
     # ---------------------------------------------------------------- jobs
     def _node_script(self, opts, binary):
-        """node.sh K: node K mounts the store, then runs the daemon."""
+        """node.sh K: node K mounts the store, then runs the daemon
+        (binary None: the script is sshfs, mounting the store alone)."""
         d = self.base / "ssh"
         script = self.base / "node.sh"
-        script.write_text(
-            "#!/bin/sh\n"
-            "k=${1:-$OMPI_COMM_WORLD_RANK}\n"
-            f"store={self.base}/store$k mnt={self.base}/mnt$k\n"
-            "mkdir -p $store $mnt\n"
-            "sshfs -f -o ro,IdentityFile=" + str(d / "key") +
-            ",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
-            "Ciphers=aes128-gcm@openssh.com "
-            f"root@10.78.0.100:{self.store_dir} $store "
-            # not the job's output: mpirun waits for its end
-            f">{self.base}/sshfs$k.log 2>&1 </dev/null &\n"
-            "i=0; until mountpoint -q $store; do\n"
-            "  i=$((i + 1)); [ $i -gt 300 ] && exit 3; sleep 0.05; done\n"
-            f"exec {binary} -f $store $mnt -o {opts}\n")
+        sshfs = ("sshfs -f -o ro,IdentityFile=" + str(d / "key") +
+                 ",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
+                 "Ciphers=aes128-gcm@openssh.com "
+                 f"root@10.78.0.100:{self.store_dir} $store ")
+        head = ("#!/bin/sh\n"
+                "k=${1:-$OMPI_COMM_WORLD_RANK}\n"
+                f"store={self.base}/store$k mnt={self.base}/mnt$k\n"
+                "mkdir -p $store $mnt\n")
+        if binary is None:
+            script.write_text(head + "exec " + sshfs +
+                              f">{self.base}/sshfs$k.log 2>&1 </dev/null\n")
+        else:
+            script.write_text(
+                head + sshfs +
+                # not the job's output: mpirun waits for its end
+                f">{self.base}/sshfs$k.log 2>&1 </dev/null &\n"
+                "i=0; until mountpoint -q $store; do\n"
+                "  i=$((i + 1)); [ $i -gt 300 ] && exit 3; sleep 0.05; done\n"
+                f"exec {binary} -f $store $mnt -o {opts}\n")
         script.chmod(0o755)
         return script
 
@@ -199,6 +208,23 @@ class Cluster:
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
                 for k, ns in enumerate(self.node_ns)]
         log.close()
+        self.stores_only = False
+        self.pids = self._wait_mounted()
+        return self
+
+    def mount_stores(self):
+        """No daemon: every node mounts the store with sshfs, afresh (its
+        page cache cold), at store(k).  node_run runs in the node's
+        namespaces; stop_job unmounts."""
+        self.stop_job()
+        script = self._node_script(None, None)
+        log = open(self.base / "job.log", "w")
+        self.procs = [subprocess.Popen(
+            ["ip", "netns", "exec", ns, str(script), str(k)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True) for k, ns in enumerate(self.node_ns)]
+        log.close()
+        self.stores_only = True
         self.pids = self._wait_mounted()
         return self
 
@@ -211,16 +237,27 @@ class Cluster:
     def mnt(self, k):
         return self.base / f"mnt{k}"
 
+    def store(self, k):
+        """Node k's sshfs mount of the store (in its mount namespace)."""
+        return self.base / f"store{k}"
+
+    def _mountpoint(self, k):
+        return self.store(k) if self.stores_only else self.mnt(k)
+
     def _daemon_pids(self):
-        out = sh("pgrep", "-a", "-f", f"{self.base}/mnt", check=False).stdout
+        """The daemons' pids by node (mount_stores: the sshfs ones)."""
+        name, where = (("sshfs", "store") if self.stores_only else
+                       ("reshardfs", "mnt"))
+        out = sh("pgrep", "-a", "-f", f"{self.base}/{where}",
+                 check=False).stdout
         pids = {}
         for line in out.splitlines():
             pid, cmd = line.split(" ", 1)
             argv = cmd.split()
-            if not Path(argv[0]).name.startswith("reshardfs"):
+            if not Path(argv[0]).name.startswith(name):
                 continue
             for k in range(self.n):
-                if str(self.mnt(k)) in argv:
+                if str(self._mountpoint(k)) in argv:
                     pids[k] = int(pid)
         return pids
 
@@ -241,8 +278,9 @@ class Cluster:
             info = Path(f"/proc/{pid}/mountinfo").read_text()
         except OSError:
             return False
-        return re.search(rf" {re.escape(str(self.mnt(k)))} .* - fuse\.reshardfs ",
-                         info) is not None
+        fstype = "sshfs" if self.stores_only else "reshardfs"
+        return re.search(rf" {re.escape(str(self._mountpoint(k)))} .* - "
+                         rf"fuse\.{fstype} ", info) is not None
 
     def node_run(self, k, argv, **kw):
         """Popen of argv inside node k: its network and mount namespaces."""
@@ -263,7 +301,7 @@ class Cluster:
             return 0
         for k, pid in getattr(self, "pids", {}).items():
             subprocess.run(["nsenter", "-t", str(pid), "-m", "--",
-                            "fusermount3", "-u", str(self.mnt(k))],
+                            "fusermount3", "-u", str(self._mountpoint(k))],
                            capture_output=True)
         rcs = []
         for p in self.procs:
