@@ -75,6 +75,19 @@ def sh(*argv, check=True, ns=None, **kw):
                           capture_output=True, text=True, **kw)
 
 
+# Run first in each mount namespace the cluster starts (`ip netns exec`
+# makes a new one, a copy of the host's mounts that keeps receiving the
+# host's new mounts): take no more of them, and let go of the FUSE mounts
+# copied in.  A copy of another view held here would keep its daemon
+# alive after its owner unmounts it on the host (the owner's unmount
+# waits for a daemon that never hears the end), so tests and benchmarks
+# that run beside a cluster would hang in teardown.
+LET_GO = ("mount --make-rprivate / 2>/dev/null\n"
+          "awk '{split($0, a, \" - \"); split(a[2], t, \" \");"
+          " if (t[1] ~ /^fuse/) print $5}' /proc/self/mountinfo |"
+          " sort -r | while read -r m; do umount -l \"$m\"; done\n")
+
+
 class Cluster:
     def __init__(self, base, n, store_dir, store_rate="800mbit",
                  link_rate="4gbit"):
@@ -135,8 +148,8 @@ class Cluster:
             "StrictModes no\nSubsystem sftp internal-sftp\n")
         Path("/run/sshd").mkdir(exist_ok=True)
         self.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", self.store_ns, "/usr/sbin/sshd", "-D",
-             "-f", str(d / "sshd_config")],
+            ["ip", "netns", "exec", self.store_ns, "sh", "-c",
+             LET_GO + f"exec /usr/sbin/sshd -D -f {d / 'sshd_config'}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL)
 
@@ -155,7 +168,7 @@ class Cluster:
                  ",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
                  "Ciphers=aes128-gcm@openssh.com "
                  f"root@10.78.0.100:{self.store_dir} $store ")
-        head = ("#!/bin/sh\n"
+        head = ("#!/bin/sh\n" + LET_GO +
                 "k=${1:-$OMPI_COMM_WORLD_RANK}\n"
                 f"store={self.base}/store$k mnt={self.base}/mnt$k\n"
                 "mkdir -p $store $mnt\n")
