@@ -458,7 +458,7 @@ int main(int argc, char *argv[])
 	if (rs_prefetch_start(&fs.prefetch, &fs, PREFETCH_THREADS) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start prefetch threads; reading without prefetch");
 	if (o.passthrough &&
-	    rs_snapshots_start(fs.snapshots, snapshot_threads(o.threads)) != 0)
+	    rs_snapshots_start(fs.snapshots, snapshot_threads(o.exec.threads)) != 0)
 		rs_log(RS_LOG_ERROR, "cannot start every snapshot build thread; openers build the rest");
 
 	if (cmd.singlethread) {

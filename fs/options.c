@@ -301,8 +301,7 @@ static int validate_exec(rs_options *o)
 				o->threads_s, RS_MAX_THREADS);
 			bad = -1;
 		} else {
-			o->threads = (unsigned)v;
-			e->threads = o->threads;
+			e->threads = (unsigned)v;
 		}
 	}
 	if (o->gpus_s && parse_gpus(o->gpus_s, e)) {

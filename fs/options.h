@@ -144,7 +144,6 @@ typedef struct {
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem=, threads= */
-	unsigned threads;       /* threads=; 0: one per online CPU */
 	bool group;             /* group=mpi */
 	unsigned group_timeout_ms;
 	bool show_help;

@@ -41,12 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_mcore_checkpoint as mm  # noqa: E402
+from bench_lib import proc_io  # noqa: E402
 
 
 def proc_read_bytes():
-    with open("/proc/self/io") as f:
-        io = {k: int(v) for k, v in (ln.split(":") for ln in f if ":" in ln)}
-    return io["rchar"]
+    return proc_io()["rchar"]
 
 
 def main():
