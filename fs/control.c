@@ -75,7 +75,12 @@ static char *group_json(rs_fs *fs)
 		     "    \"evicted\": %llu,\n"
 		     "    \"resident_bytes\": %llu,\n"
 		     "    \"budget\": %llu,\n"
-		     "    \"peers_down\": %u\n"
+		     "    \"peers_down\": %u,\n"
+		     "    \"lane\": %s%s%s,\n"
+		     "    \"lane_ended\": %s,\n"
+		     "    \"lane_sent_bytes\": %llu,\n"
+		     "    \"lane_received_bytes\": %llu,\n"
+		     "    \"lane_declined\": %llu\n"
 		     "  }",
 		     g.transport, g.rank, g.size,
 		     (unsigned long long)g.extent_size,
@@ -92,7 +97,12 @@ static char *group_json(rs_fs *fs)
 		     (unsigned long long)g.peer_down,
 		     (unsigned long long)g.evicted,
 		     (unsigned long long)g.resident_bytes,
-		     (unsigned long long)g.budget, g.peers_down) < 0)
+		     (unsigned long long)g.budget, g.peers_down,
+		     g.lane[0] ? "\"" : "", g.lane[0] ? g.lane : "null",
+		     g.lane[0] ? "\"" : "", g.lane_ended ? "true" : "false",
+		     (unsigned long long)g.lane_sent_bytes,
+		     (unsigned long long)g.lane_received_bytes,
+		     (unsigned long long)g.lane_declined) < 0)
 		return NULL;
 	return out;
 }

@@ -1,5 +1,6 @@
 /* The read-once group: extents, their owners, requests and replies; see
- * group.h.  The transport is fs/group_mpi.c. */
+ * group.h.  The transport is fs/group_mpi.c, maybe wrapped in an NCCL lane
+ * (fs/group_lane.c). */
 #include "fs/group.h"
 
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "fs/checksum.h"
+#include "fs/group_lane.h"
 #include "fs/log.h"
 
 /* What is on the wire.  Members are the same build on the same kind of
@@ -766,6 +768,8 @@ void rs_group_free(rs_group *g)
 
 void rs_group_get_stats(rs_group *g, rs_group_stats *out)
 {
+	rs_group_lane_stats lane;
+
 	*out = (rs_group_stats){
 		.transport = g->t ? g->t->name : "",
 		.rank = g->t ? g->t->rank : 0,
@@ -785,6 +789,12 @@ void rs_group_get_stats(rs_group *g, rs_group_stats *out)
 		.evicted = atomic_load(&g->st.evicted),
 		.budget = g->budget,
 	};
+	rs_group_lane_get_stats(g->t, &lane);
+	out->lane = lane.name;
+	out->lane_ended = lane.ended;
+	out->lane_sent_bytes = lane.sent_bytes;
+	out->lane_received_bytes = lane.received_bytes;
+	out->lane_declined = lane.declined;
 	pthread_mutex_lock(&g->lock);
 	out->resident_bytes = g->resident;
 	for (int p = 0; g->t && p < g->t->size; p++)

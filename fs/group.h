@@ -27,7 +27,8 @@
  * member.
  *
  * The transport (how members pass messages) is a table of functions:
- * MPI (fs/group_mpi.c) where the build found it.
+ * MPI (fs/group_mpi.c) where the build found it, wrapped where GPUs are in
+ * a lane that moves the payloads over NCCL (fs/group_lane.h).
  *
  * Errors: 0 or a negative errno.  Thread safety: rs_group_acquire,
  * rs_group_release, rs_group_data_fd and rs_group_get_stats from any
@@ -102,6 +103,10 @@ typedef struct {
 	uint64_t evicted;                       /* extents dropped over budget */
 	uint64_t resident_bytes, budget;
 	unsigned peers_down;
+	/* The NCCL lane (fs/group_lane.h): lane "" without one. */
+	const char *lane;
+	bool lane_ended;
+	uint64_t lane_sent_bytes, lane_received_bytes, lane_declined;
 } rs_group_stats;
 
 typedef struct rs_group rs_group;

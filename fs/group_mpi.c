@@ -198,3 +198,135 @@ bool rs_group_mpi_built(void)
 {
 	return true;
 }
+
+#ifdef RS_GROUP_TEST_HOOKS
+/* --- tests only: a lane over a second communicator (group_lane.h) --- */
+
+#include <string.h>
+
+#include "fs/group_lane.h"
+
+typedef struct {
+	rs_group_lane pub;
+	mpi_transport *m;
+	MPI_Comm comm;
+	MPI_Request req;
+	bool posted, stall, recv;
+	void *buf;              /* the lane's own copy: a given-up send may
+				 * still be read by MPI, so it is leaked */
+	size_t len;
+} mpi_lane;
+
+static int lane_post(mpi_lane *l, int peer, const void *buf, size_t len)
+{
+	int err;
+
+	if (l->posted || len > INT32_MAX)
+		return -EINVAL;
+	l->buf = malloc(len ? len : 1);
+	if (!l->buf)
+		return -ENOMEM;
+	if (buf)
+		memcpy(l->buf, buf, len);
+	l->len = len;
+	l->recv = !buf;
+	l->posted = true;
+	if (buf && l->stall)
+		return 0;       /* never sent: the peers time out */
+	pthread_mutex_lock(&l->m->lock);
+	err = buf ? MPI_Isend(l->buf, (int)len, MPI_BYTE, peer, 0, l->comm,
+			      &l->req)
+		  : MPI_Irecv(l->buf, (int)len, MPI_BYTE, peer, 0, l->comm,
+			      &l->req);
+	pthread_mutex_unlock(&l->m->lock);
+	return err == MPI_SUCCESS ? 0 : -EIO;
+}
+
+static int lane_post_send(rs_group_lane *pl, int peer, const void *buf,
+			  size_t len)
+{
+	return lane_post((mpi_lane *)pl, peer, buf, len);
+}
+
+static int lane_post_recv(rs_group_lane *pl, int peer, size_t len)
+{
+	return lane_post((mpi_lane *)pl, peer, NULL, len);
+}
+
+static int lane_test(rs_group_lane *pl, void **buf)
+{
+	mpi_lane *l = (mpi_lane *)pl;
+	int done = 0, err;
+
+	if (!l->posted)
+		return -EINVAL;
+	if (l->stall && !l->recv)
+		return 0;
+	pthread_mutex_lock(&l->m->lock);
+	err = MPI_Test(&l->req, &done, MPI_STATUS_IGNORE);
+	pthread_mutex_unlock(&l->m->lock);
+	if (err != MPI_SUCCESS)
+		return -EIO;
+	if (!done)
+		return 0;
+	l->posted = false;
+	if (l->recv)
+		*buf = l->buf;
+	else
+		free(l->buf);
+	l->buf = NULL;
+	return 1;
+}
+
+static void lane_abort(rs_group_lane *pl)
+{
+	mpi_lane *l = (mpi_lane *)pl;
+
+	if (l->posted && !(l->stall && !l->recv)) {
+		pthread_mutex_lock(&l->m->lock);
+		if (l->recv)
+			MPI_Cancel(&l->req);
+		MPI_Request_free(&l->req);
+		pthread_mutex_unlock(&l->m->lock);
+	}
+	l->posted = false;
+	l->buf = NULL;
+}
+
+static void lane_free(rs_group_lane *pl)
+{
+	mpi_lane *l = (mpi_lane *)pl;
+
+	lane_abort(pl);
+	free(l);
+}
+
+int rs_group_lane_mpi(rs_group_lane **out, rs_group_transport *t,
+		      rs_diag *d)
+{
+	mpi_lane *l = calloc(1, sizeof(*l));
+	const char *stall = getenv("RESHARDFS_TEST_LANE_STALL");
+	MPI_Comm comm;
+	int err;
+
+	if (!l)
+		return -ENOMEM;
+	l->m = (mpi_transport *)t;
+	pthread_mutex_lock(&l->m->lock);
+	err = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+	pthread_mutex_unlock(&l->m->lock);
+	if (err != MPI_SUCCESS) {
+		rs_diag_add(d, "group: test lane: MPI_Comm_dup failed");
+		free(l);
+		return -EIO;
+	}
+	MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+	l->comm = comm;
+	l->stall = stall && atoi(stall) == t->rank;
+	l->pub = (rs_group_lane){ "mpi-test", RS_GROUP_EXTENT + 4096,
+				  lane_post_send, lane_post_recv, lane_test,
+				  lane_abort, lane_free };
+	*out = &l->pub;
+	return 0;
+}
+#endif

@@ -17,6 +17,7 @@
 
 #include "fs/fs.h"
 #include "fs/group.h"
+#include "fs/group_lane.h"
 #include "fs/log.h"
 #include "fs/mountpoint.h"
 #include "fs/option_names.h"
@@ -332,7 +333,9 @@ int main(int argc, char *argv[])
 	if (o.show_version || cmd.show_version) {
 		printf("reshardfs version %s\nFUSE library version %s\nexecutors: %s\ngroup transports: %s\n",
 		       RS_VERSION, fuse_pkgversion(), rs_executor_backends(),
-		       rs_group_mpi_built() ? "mpi" : "none");
+		       !rs_group_mpi_built() ? "none"
+		       : rs_group_lane_nccl_available() ? "mpi, nccl"
+		       : "mpi");
 		ret = 0;
 		goto out_cmd;
 	}
@@ -436,10 +439,25 @@ int main(int argc, char *argv[])
 		       strcmp(cuda, "ready") == 0
 			       ? "" : "; blocks are built on the CPU");
 	}
-	/* Before any reader: the group becomes the sources' provider. */
+	/* Before any reader: the group becomes the sources' provider.  Its
+	 * payloads go over NCCL where every member's executor has a device
+	 * (the first one it uses). */
 	if (gt) {
+		bool cuda = strcmp(rs_executor_cuda_status(fs.blocks.exec),
+				   "ready") == 0;
+		int device = !cuda ? -1 : o.exec.ngpus ? o.exec.gpus[0] : 0;
 		rs_group_stats gs;
 
+		rs_diag *ld = rs_diag_new();
+
+		if (!ld || rs_group_lane_setup(&gt, (rs_group_nccl_mode)o.group_nccl,
+					       device, o.group_timeout_ms, ld) != 0) {
+			rs_log(RS_LOG_ERROR, "%s", ld && rs_diag_line(ld, 0)
+				       ? rs_diag_line(ld, 0) : "cannot set up the group's NCCL lane");
+			rs_diag_free(ld);
+			goto out_unmount;
+		}
+		rs_diag_free(ld);
 		if (rs_group_new(&fs.group, gt, fs.ck.sources, o.cache_size,
 				 o.group_timeout_ms) != 0) {
 			rs_log(RS_LOG_ERROR, "cannot make the group's extent store (out of memory)");

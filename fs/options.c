@@ -2,6 +2,7 @@
 
 #include "formats/open.h"
 #include "fs/group.h"
+#include "fs/group_lane.h"
 #include "fs/option_names.h"
 
 #include <errno.h>
@@ -326,7 +327,7 @@ static int validate_exec(rs_options *o)
 	return bad;
 }
 
-/* group= and group_timeout=. */
+/* group=, group_timeout= and group_nccl=. */
 static int validate_group(rs_options *o)
 {
 	char *end = NULL;
@@ -357,6 +358,30 @@ static int validate_group(rs_options *o)
 			bad = -1;
 		} else {
 			o->group_timeout_ms = (unsigned)(secs * 1000 + 0.5);
+		}
+	}
+	o->group_nccl = RS_GROUP_NCCL_AUTO;
+	if (o->group_nccl_s) {
+		static const char *const modes[] = {
+			[RS_GROUP_NCCL_AUTO] = "auto",
+			[RS_GROUP_NCCL_ON] = "on",
+			[RS_GROUP_NCCL_OFF] = "off",
+		};
+		int m = -1;
+
+		for (int i = 0; i < 3; i++)
+			if (strcmp(o->group_nccl_s, modes[i]) == 0)
+				m = i;
+		if (m < 0) {
+			fprintf(stderr, "reshardfs: -o group_nccl=%s: must be auto, on or off\n",
+				o->group_nccl_s);
+			bad = -1;
+		} else if (!o->group_s) {
+			fprintf(stderr, "reshardfs: -o group_nccl=%s: needs -o group=mpi\n",
+				o->group_nccl_s);
+			bad = -1;
+		} else {
+			o->group_nccl = m;
 		}
 	}
 	return bad;

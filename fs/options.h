@@ -130,7 +130,11 @@
 	  "source reads over MPI (implies -f)")                                \
 	X(STR, "group_timeout", group_timeout_s, "SECONDS",                   \
 	  "with group=: how long a read waits on a peer\n"                    \
-	  "before reading from storage itself (default 10)")
+	  "before reading from storage itself (default 10)")                   \
+	X(STR, "group_nccl", group_nccl_s, "auto|on|off",                     \
+	  "with group=: move extents GPU to GPU over NCCL;\n"                 \
+	  "auto where every member's CUDA executor is ready\n"               \
+	  "and libnccl.so.2 loads (default auto)")
 
 #define RS_OPTION_FIELD(kind, name, field, arg, help) char *field;
 
@@ -146,6 +150,7 @@ typedef struct {
 	rs_executor_opts exec;  /* executor=, gpus=, gpu_mem=, threads= */
 	bool group;             /* group=mpi */
 	unsigned group_timeout_ms;
+	int group_nccl;         /* rs_group_nccl_mode (fs/group_lane.h) */
 	bool show_help;
 	bool show_version;
 	bool dry_run;           /* --dry-run: print the view, mount nothing */

@@ -8,7 +8,9 @@ from storage come from its stats file, and their sum is checked against
 the source's size.  Faults: a member stopped (SIGSTOP) or killed in
 mid-read, replies corrupted on purpose (the reshardfs-testhooks build,
 RESHARDFS_TEST_CORRUPT_REPLIES), a source changed during the job, and
-members that see different sources at mount.
+members that see different sources at mount.  The NCCL lane's handshake
+runs over the test build's MPI stand-in (RESHARDFS_TEST_LANE=mpi), since
+NCCL needs a GPU per member.
 """
 import errno
 import json
@@ -308,8 +310,103 @@ def test_members_that_see_different_sources_refuse(src, tmp_path, job):
     assert not any(is_mounted(m) for m in j.mnts)
 
 
+def lane_job(src, job, opts="tp=2,group=mpi", **env):
+    """4 members whose payloads go over the test build's stand-in for the
+    NCCL lane (a second MPI communicator, fs/group_mpi.c): the same
+    handshake and fallbacks as NCCL, where no GPU is."""
+    j = job(4, [src] * 4, opts, binary=HOOKS,
+            env={"RESHARDFS_TEST_LANE": "mpi", **env})
+    j.wait_mounted()
+    return expected_view(src, 2), j
+
+
+def test_lane_moves_payloads(src, job):
+    """Offers, accepts and declines (fs/group_lane.h): replies whose
+    owner and asker both have a free slot go on the lane, the rest over
+    MPI; every byte still matches and the store is still read once."""
+    exp, j = lane_job(src, job)
+    assert read_views(j, range(4), exp) == {r: 0 for r in range(4)}
+    stats = [j.stats(r)["group"] for r in range(4)]
+    assert sum(s["storage_bytes"] for s in stats) <= 1.05 * source_bytes(src)
+    sent = sum(s["lane_sent_bytes"] for s in stats)
+    got = sum(s["lane_received_bytes"] for s in stats)
+    assert sent == got > 0, stats
+    for s in stats:
+        assert s["lane"] == "mpi-test" and not s["lane_ended"], s
+        assert s["lane_received_bytes"] <= s["received_bytes"]
+        assert s["bypassed"] == {"timeouts": 0, "bad_checksums": 0,
+                                 "stale_replies": 0, "peer_down": 0}, s
+    assert "extent payloads over mpi-test" in j.text()
+    assert j.stop() == 0, j.text()
+
+
+def test_stalled_lane_falls_back(src, job):
+    """Member 1's lane never completes a send: it and the members waiting
+    on it give the lane up after the group timeout and go on over MPI (or
+    read the extent from storage); no read fails or returns other
+    bytes."""
+    exp, j = lane_job(src, job, "tp=2,group=mpi,group_timeout=1",
+                      RESHARDFS_TEST_LANE_STALL="1")
+    assert read_views(j, range(4), exp) == {r: 0 for r in range(4)}
+    stats = [j.stats(r)["group"] for r in range(4)]
+    assert stats[1]["lane_ended"] and stats[1]["lane_sent_bytes"] == 0
+    assert "did not complete within the group timeout" in j.text()
+    assert j.stop() == 0, j.text()
+
+
+def test_group_nccl_on_without_gpus_refused(src, job):
+    """This machine has no GPU: group_nccl=on ends every member with one
+    line saying which members cannot, and nothing stays mounted."""
+    if gpu_count():
+        pytest.skip("a GPU is present")
+    j = job(2, [src] * 2, "tp=2,group=mpi,group_nccl=on", recovery=False)
+    assert j.proc.wait(120) != 0
+    text = j.text()
+    lines = [ln for ln in text.splitlines() if "-o group_nccl=on:" in ln]
+    assert len(lines) == 2, text
+    assert "members 0, 1 have no CUDA device in use" in lines[0], lines[0]
+    assert not any(is_mounted(m) for m in j.mnts)
+
+
+def gpu_count():
+    if not shutil.which("nvidia-smi"):
+        return 0
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return r.stdout.count("GPU ") if r.returncode == 0 else 0
+
+
+def nccl_lane_built():
+    r = subprocess.run([str(BIN), "--version"], capture_output=True,
+                       text=True)
+    return "nccl" in r.stdout
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_nccl_lane_on_gpus(src, job, n):
+    """The NCCL lane itself, on a machine with n GPUs (scripts/gpu_check
+    runs this; elsewhere it is skipped).  One member: the lane's setup
+    (libnccl loaded, a device buffer, an ncclUniqueId through MPI, a
+    non-blocking communicator) and its teardown.  Two members, one GPU
+    each: payloads GPU to GPU."""
+    if gpu_count() < n or not nccl_lane_built():
+        pytest.skip(f"needs {n} GPU(s) and a build with the NCCL lane")
+    exp = expected_view(src, 2)
+    j = job(n, [src] * n, "tp=2,group=mpi,group_nccl=on,executor=cuda,"
+            "gpus=$OMPI_COMM_WORLD_LOCAL_RANK")
+    j.wait_mounted()
+    assert read_views(j, range(n), exp) == {r: 0 for r in range(n)}
+    stats = [j.stats(r)["group"] for r in range(n)]
+    for s in stats:
+        assert s["lane"] == "nccl" and not s["lane_ended"], s
+    if n > 1:
+        assert sum(s["lane_received_bytes"] for s in stats) > 0, stats
+    assert j.stop() == 0, j.text()
+
+
 @pytest.mark.parametrize("opts, message", [
     ("group=tcp", "-o group=tcp: must be mpi"),
+    ("group=mpi,group_nccl=yes", "-o group_nccl=yes: must be auto, on or off"),
+    ("group_nccl=on", "-o group_nccl=on: needs -o group=mpi"),
     ("group_timeout=5", "-o group_timeout=5: needs -o group=mpi"),
     ("group=mpi,group_timeout=0", "must be seconds from 0.01 to 3600"),
 ])
