@@ -319,36 +319,22 @@ static bool vote_off(lane_vote v)
 	return v.mode == RS_GROUP_NCCL_OFF;
 }
 
-/* This member's lane, if it can make one (collective where it makes
- * one). */
-static int make_lane(rs_group_lane **out, rs_group_transport *t,
-		     int device, unsigned timeout_ms, rs_diag *d)
+/* The test build's emulated GPU (tests/nccl_emu) stands in for a CUDA
+ * device wherever its stand-in libnccl is given. */
+static int lane_device(int device)
 {
 #ifdef RS_GROUP_TEST_HOOKS
-	const char *test = getenv("RESHARDFS_TEST_LANE");
-
-	if (test && strcmp(test, "mpi") == 0)
-		return rs_group_lane_mpi(out, t, d);
+	if (device < 0 && getenv("RESHARDFS_TEST_NCCL_LIB"))
+		return 0;
 #endif
-	return rs_group_lane_nccl(out, t, device, timeout_ms, d);
-}
-
-static bool can_make_lane(int device)
-{
-#ifdef RS_GROUP_TEST_HOOKS
-	const char *test = getenv("RESHARDFS_TEST_LANE");
-
-	if (test && strcmp(test, "mpi") == 0)
-		return true;
-#endif
-	return device >= 0 && rs_group_lane_nccl_available();
+	return device;
 }
 
 int rs_group_lane_setup(rs_group_transport **t, rs_group_nccl_mode mode,
 			int device, unsigned timeout_ms, rs_diag *d)
 {
 	rs_group_transport *tr = *t;
-	lane_vote mine = { (int32_t)mode, can_make_lane(device) }, *all;
+	lane_vote mine, *all;
 	rs_group_lane *lane = NULL;
 	rs_diag *why;
 	bool any_on = false, use = true;
@@ -356,6 +342,9 @@ int rs_group_lane_setup(rs_group_transport **t, rs_group_nccl_mode mode,
 	char who[256];
 	int err, n;
 
+	device = lane_device(device);
+	mine = (lane_vote){ (int32_t)mode,
+			    device >= 0 && rs_group_lane_nccl_available() };
 	all = calloc((size_t)tr->size, sizeof(*all));
 	if (!all)
 		return -ENOMEM;
@@ -386,7 +375,8 @@ int rs_group_lane_setup(rs_group_transport **t, rs_group_nccl_mode mode,
 	/* Every member makes its lane, then all learn whether every one
 	 * did. */
 	why = rs_diag_new();
-	made = why && make_lane(&lane, tr, device, timeout_ms, why) == 0;
+	made = why && rs_group_lane_nccl(&lane, tr, device, timeout_ms,
+					 why) == 0;
 	if (!made)
 		rs_log(RS_LOG_ERROR, "%s", why && rs_diag_line(why, 0)
 			       ? rs_diag_line(why, 0) : "group: cannot make the NCCL lane");

@@ -102,20 +102,14 @@ void rs_group_lane_get_stats(rs_group_transport *t, rs_group_lane_stats *out);
 
 /* The NCCL lane (fs/group_nccl.c): collective over t, which bootstraps
  * it (an ncclUniqueId from member 0 through allgather).  -ENOTSUP with a
- * line in d where this build has no NCCL or libnccl does not load. */
+ * line in d where this build has no NCCL or libnccl does not load.
+ * The test build (reshardfs-testhooks) compiles it against tests/nccl_emu:
+ * an emulated device 0 and, from RESHARDFS_TEST_NCCL_LIB, a stand-in
+ * libnccl with NCCL's stream order, so the lane runs without GPUs. */
 int rs_group_lane_nccl(rs_group_lane **out, rs_group_transport *t,
 		       int device, unsigned timeout_ms, rs_diag *d);
 /* Whether rs_group_lane_nccl can be tried here: built, and libnccl
  * loads.  Not collective. */
 bool rs_group_lane_nccl_available(void);
-
-#ifdef RS_GROUP_TEST_HOOKS
-/* Tests only (fs/group_mpi.c): a lane over a second MPI communicator, so
- * the handshake runs where NCCL cannot (one GPU, or none).  Collective.
- * RESHARDFS_TEST_LANE_STALL=<member>: that member's lane sends never
- * complete. */
-int rs_group_lane_mpi(rs_group_lane **out, rs_group_transport *t,
-		      rs_diag *d);
-#endif
 
 #endif

@@ -8,9 +8,9 @@ from storage come from its stats file, and their sum is checked against
 the source's size.  Faults: a member stopped (SIGSTOP) or killed in
 mid-read, replies corrupted on purpose (the reshardfs-testhooks build,
 RESHARDFS_TEST_CORRUPT_REPLIES), a source changed during the job, and
-members that see different sources at mount.  The NCCL lane's handshake
-runs over the test build's MPI stand-in (RESHARDFS_TEST_LANE=mpi), since
-NCCL needs a GPU per member.
+members that see different sources at mount.  The NCCL lane runs on
+the test build's emulated GPU and stand-in libnccl (tests/nccl_emu),
+since NCCL needs a GPU per member.
 """
 import errno
 import json
@@ -310,48 +310,64 @@ def test_members_that_see_different_sources_refuse(src, tmp_path, job):
     assert not any(is_mounted(m) for m in j.mnts)
 
 
-def lane_job(src, job, opts="tp=2,group=mpi", **env):
-    """4 members whose payloads go over the test build's stand-in for the
-    NCCL lane (a second MPI communicator, fs/group_mpi.c): the same
-    handshake and fallbacks as NCCL, where no GPU is."""
-    j = job(4, [src] * 4, opts, binary=HOOKS,
-            env={"RESHARDFS_TEST_LANE": "mpi", **env})
+FAKE_NCCL = BIN.parent / "libfake_nccl.so"
+
+
+def lane_job(src, job, opts="tp=2,group=mpi", n=4, **env):
+    """n members whose lane is the real NCCL lane code (fs/group_nccl.c)
+    on the test build's emulated GPU and stand-in libnccl
+    (tests/nccl_emu), which keeps NCCL's stream order: an operation
+    issued in a bad order would deadlock here as on GPUs."""
+    j = job(n, [src] * n, opts, binary=HOOKS,
+            env={"RESHARDFS_TEST_NCCL_LIB": str(FAKE_NCCL), **env})
     j.wait_mounted()
     return expected_view(src, 2), j
 
 
-def test_lane_moves_payloads(src, job):
+@pytest.mark.parametrize("n", [4, 8])
+def test_lane_moves_payloads(src, job, n):
     """Offers, accepts and declines (fs/group_lane.h): replies whose
-    owner and asker both have a free slot go on the lane, the rest over
-    MPI; every byte still matches and the store is still read once."""
-    exp, j = lane_job(src, job)
-    assert read_views(j, range(4), exp) == {r: 0 for r in range(4)}
-    stats = [j.stats(r)["group"] for r in range(4)]
+    owner and asker both have a free slot go over the lane, the rest over
+    MPI; every byte still matches, the store is still read once, and no
+    read waited out a timeout (a deadlock on the lane would)."""
+    exp, j = lane_job(src, job, n=n)
+    assert read_views(j, range(n), exp) == {r: 0 for r in range(n)}
+    stats = [j.stats(r)["group"] for r in range(n)]
     assert sum(s["storage_bytes"] for s in stats) <= 1.05 * source_bytes(src)
     sent = sum(s["lane_sent_bytes"] for s in stats)
     got = sum(s["lane_received_bytes"] for s in stats)
     assert sent == got > 0, stats
     for s in stats:
-        assert s["lane"] == "mpi-test" and not s["lane_ended"], s
+        assert s["lane"] == "nccl" and not s["lane_ended"], s
         assert s["lane_received_bytes"] <= s["received_bytes"]
         assert s["bypassed"] == {"timeouts": 0, "bad_checksums": 0,
                                  "stale_replies": 0, "peer_down": 0}, s
-    assert "extent payloads over mpi-test" in j.text()
+    assert "extent payloads over nccl" in j.text()
     assert j.stop() == 0, j.text()
 
 
 def test_stalled_lane_falls_back(src, job):
-    """Member 1's lane never completes a send: it and the members waiting
-    on it give the lane up after the group timeout and go on over MPI (or
-    read the extent from storage); no read fails or returns other
-    bytes."""
+    """Member 1's NCCL sends never complete: it and the members waiting on
+    it give the lane up after the group timeout (aborting their
+    communicators) and go on over MPI, or read the extent from storage;
+    no read fails or returns other bytes."""
     exp, j = lane_job(src, job, "tp=2,group=mpi,group_timeout=1",
-                      RESHARDFS_TEST_LANE_STALL="1")
+                      FAKE_NCCL_STALL_RANK="1")
     assert read_views(j, range(4), exp) == {r: 0 for r in range(4)}
     stats = [j.stats(r)["group"] for r in range(4)]
     assert stats[1]["lane_ended"] and stats[1]["lane_sent_bytes"] == 0
     assert "did not complete within the group timeout" in j.text()
     assert j.stop() == 0, j.text()
+
+
+def test_lane_peer_killed_mid_read(src, job):
+    """A member killed while the others read: transfers with it fail or
+    time out, the others' reads complete with the right bytes."""
+    exp, j = lane_job(src, job, "tp=2,group=mpi,group_timeout=2")
+    victim = j.member_pids()[3]
+    assert read_views(j, range(3), exp, midway=lambda: os.kill(
+        victim, signal.SIGKILL)) == {r: 0 for r in range(3)}
+    j.stop()
 
 
 def test_group_nccl_on_without_gpus_refused(src, job):
