@@ -80,7 +80,8 @@ typedef struct {
 	uint64_t declined;          /* offers that went over the transport */
 } rs_group_lane_stats;
 
-/* What -o group_nccl= asks. */
+/* What -o group_nccl= asks (fs/main.c gives a device under auto only
+ * to executor=cuda). */
 typedef enum {
 	RS_GROUP_NCCL_AUTO = 0,     /* where every member can */
 	RS_GROUP_NCCL_ON,           /* every member must, or the mount fails */

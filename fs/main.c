@@ -440,11 +440,14 @@ int main(int argc, char *argv[])
 			       ? "" : "; blocks are built on the CPU");
 	}
 	/* Before any reader: the group becomes the sources' provider.  Its
-	 * payloads go over NCCL where every member's executor has a device
-	 * (the first one it uses). */
+	 * payloads may go over NCCL, on the executor's first device: under
+	 * group_nccl=auto where blocks are built on the GPU (executor=cuda),
+	 * under on wherever the executor has a device ready. */
 	if (gt) {
 		bool cuda = strcmp(rs_executor_cuda_status(fs.blocks.exec),
-				   "ready") == 0;
+				   "ready") == 0 &&
+			    (o.exec.kind == RS_EXECUTOR_CUDA ||
+			     o.group_nccl == RS_GROUP_NCCL_ON);
 		int device = !cuda ? -1 : o.exec.ngpus ? o.exec.gpus[0] : 0;
 		rs_group_stats gs;
 

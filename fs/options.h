@@ -133,8 +133,9 @@
 	  "before reading from storage itself (default 10)")                   \
 	X(STR, "group_nccl", group_nccl_s, "auto|on|off",                     \
 	  "with group=: move extents GPU to GPU over NCCL;\n"                 \
-	  "auto where every member's CUDA executor is ready\n"               \
-	  "and libnccl.so.2 loads (default auto)")
+	  "auto: where every member runs executor=cuda and\n"                \
+	  "libnccl.so.2 loads; on: wherever each has a CUDA\n"               \
+	  "device ready, or fail (default auto)")
 
 #define RS_OPTION_FIELD(kind, name, field, arg, help) char *field;
 
