@@ -327,6 +327,14 @@ static int validate_exec(rs_options *o)
 	return bad;
 }
 
+/* An option that only a group takes, given without one: -1. */
+static int needs_group(const char *name, const char *value)
+{
+	fprintf(stderr, "reshardfs: -o %s=%s: needs -o group=mpi\n", name,
+		value);
+	return -1;
+}
+
 /* group=, group_timeout= and group_nccl=. */
 static int validate_group(rs_options *o)
 {
@@ -353,9 +361,7 @@ static int validate_group(rs_options *o)
 				o->group_timeout_s);
 			bad = -1;
 		} else if (!o->group_s) {
-			fprintf(stderr, "reshardfs: -o group_timeout=%s: needs -o group=mpi\n",
-				o->group_timeout_s);
-			bad = -1;
+			bad = needs_group("group_timeout", o->group_timeout_s);
 		} else {
 			o->group_timeout_ms = (unsigned)(secs * 1000 + 0.5);
 		}
@@ -377,9 +383,7 @@ static int validate_group(rs_options *o)
 				o->group_nccl_s);
 			bad = -1;
 		} else if (!o->group_s) {
-			fprintf(stderr, "reshardfs: -o group_nccl=%s: needs -o group=mpi\n",
-				o->group_nccl_s);
-			bad = -1;
+			bad = needs_group("group_nccl", o->group_nccl_s);
 		} else {
 			o->group_nccl = m;
 		}
