@@ -17,12 +17,12 @@
  *          transport and free the slot.
  *
  * So each lane holds at most one posted operation, matched by the peer's
- * one, and nothing waits on a third member.  A reserved or posted slot
- * older than the timeout, or a lane operation that fails, ends the lane on
- * this member for good (the channel is aborted; an unsent payload goes
- * over the transport): the member goes on over the transport alone, and
- * whatever reply was lost is covered by the group's own timeout (it reads
- * the extent from storage).  Offers to a member whose lane has ended are
+ * one, and nothing waits on a third member.  An offer unanswered for the
+ * group timeout goes over the transport.  A posted operation older than
+ * that, or one that fails, ends the lane on this member for good (the
+ * channel is aborted; an unsent payload goes over the transport): the
+ * member goes on over the transport alone, and whatever reply was lost is
+ * covered by the group's own timeout (it reads the extent from storage).  Offers to a member whose lane has ended are
  * declined, so the others go on over the transport with it too.
  *
  * The lane wrapper is itself a rs_group_transport: the group never sees

@@ -198,4 +198,3 @@ bool rs_group_mpi_built(void)
 {
 	return true;
 }
-

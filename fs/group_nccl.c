@@ -234,13 +234,16 @@ static int open_device(nccl_lane *l, rs_diag *d)
 	return 0;
 }
 
-/* Joins the communicator within timeout_ms. */
+/* Joins the communicator within the group timeout, or 30 s if that is
+ * shorter: a communicator of many nodes takes seconds to set up, and a
+ * member that gives up only costs the lane (every member then goes on
+ * over MPI). */
 static int join(nccl_lane *l, ncclUniqueId id, int rank, int size,
 		unsigned timeout_ms, rs_diag *d)
 {
 	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
 	ncclResult_t r, async = ncclInProgress;
-	uint64_t deadline = now_ms() + timeout_ms;
+	uint64_t deadline = now_ms() + (timeout_ms > 30000 ? timeout_ms : 30000);
 
 	cfg.blocking = 0;
 	r = l->api.ncclCommInitRankConfig(&l->comm, size, id, rank, &cfg);

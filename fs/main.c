@@ -449,9 +449,8 @@ int main(int argc, char *argv[])
 			    (o.exec.kind == RS_EXECUTOR_CUDA ||
 			     o.group_nccl == RS_GROUP_NCCL_ON);
 		int device = !cuda ? -1 : o.exec.ngpus ? o.exec.gpus[0] : 0;
-		rs_group_stats gs;
-
 		rs_diag *ld = rs_diag_new();
+		rs_group_stats gs;
 
 		if (!ld || rs_group_lane_setup(&gt, (rs_group_nccl_mode)o.group_nccl,
 					       device, o.group_timeout_ms, ld) != 0) {
