@@ -98,11 +98,12 @@ static char *group_json(rs_fs *fs)
 		     (unsigned long long)g.evicted,
 		     (unsigned long long)g.resident_bytes,
 		     (unsigned long long)g.budget, g.peers_down,
-		     g.lane[0] ? "\"" : "", g.lane[0] ? g.lane : "null",
-		     g.lane[0] ? "\"" : "", g.lane_ended ? "true" : "false",
-		     (unsigned long long)g.lane_sent_bytes,
-		     (unsigned long long)g.lane_received_bytes,
-		     (unsigned long long)g.lane_declined) < 0)
+		     g.lane.name[0] ? "\"" : "",
+		     g.lane.name[0] ? g.lane.name : "null",
+		     g.lane.name[0] ? "\"" : "", g.lane.ended ? "true" : "false",
+		     (unsigned long long)g.lane.sent_bytes,
+		     (unsigned long long)g.lane.received_bytes,
+		     (unsigned long long)g.lane.declined) < 0)
 		return NULL;
 	return out;
 }

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fs/clock.h"
 #include "fs/checksum.h"
 #include "fs/group_lane.h"
 #include "fs/log.h"
@@ -106,14 +107,6 @@ struct rs_group {
 	_Atomic unsigned replies;
 #endif
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -232,14 +225,14 @@ static int fetch(rs_group *g, uint32_t i, uint64_t k, int owner)
 		add(&g->st.peer_down, 1);
 		return 1;
 	}
-	deadline = now_ns() + g->timeout_ns;
+	deadline = rs_now_ns() + g->timeout_ns;
 	pthread_mutex_lock(&g->lock);
 	while (!e->reply && !g->down[owner]) {
 		struct timespec ts = {
 			(time_t)(deadline / 1000000000ull),
 			(long)(deadline % 1000000000ull) };
 
-		if (now_ns() >= deadline) {
+		if (rs_now_ns() >= deadline) {
 			/* Bypassed from now on, until it is heard from. */
 			g->down[owner] = true;
 			add(&g->st.timeouts, 1);
@@ -247,10 +240,10 @@ static int fetch(rs_group *g, uint32_t i, uint64_t k, int owner)
 			       owner, g->timeout_ns / 1e9);
 			break;
 		}
-		/* g->changed waits on CLOCK_MONOTONIC, as now_ns reads. */
+		/* g->changed waits on CLOCK_MONOTONIC, as rs_now_ns reads. */
 		pthread_cond_timedwait(&g->changed, &g->lock, &ts);
 	}
-	if (!e->reply && g->down[owner] && now_ns() < deadline)
+	if (!e->reply && g->down[owner] && rs_now_ns() < deadline)
 		add(&g->st.peer_down, 1);
 	r = e->reply;
 	rlen = e->reply_len;
@@ -491,7 +484,7 @@ static void *server(void *arg)
 static void on_message(rs_group *g, int peer, int tag, void *buf, size_t len)
 {
 	pthread_mutex_lock(&g->lock);
-	g->heard_ns[peer] = now_ns();
+	g->heard_ns[peer] = rs_now_ns();
 	if (g->down[peer] && tag != RS_GROUP_TAG_BYE)
 		rs_log(RS_LOG_INFO, "group: member %d answers again", peer);
 	g->down[peer] = false;
@@ -587,7 +580,7 @@ static void *progress(void *arg)
 			usleep(idle < 100 ? 20 : 200);
 			idle++;
 		}
-		now = now_ns();
+		now = rs_now_ns();
 		if (now - last_beat >= HEARTBEAT_NS) {
 			heartbeat(g, now);
 			last_beat = now;
@@ -670,7 +663,7 @@ fail:
 
 int rs_group_start(rs_group *g)
 {
-	uint64_t now = now_ns();
+	uint64_t now = rs_now_ns();
 
 	for (int p = 0; p < g->t->size; p++)
 		g->heard_ns[p] = now;
@@ -768,8 +761,6 @@ void rs_group_free(rs_group *g)
 
 void rs_group_get_stats(rs_group *g, rs_group_stats *out)
 {
-	rs_group_lane_stats lane;
-
 	*out = (rs_group_stats){
 		.transport = g->t ? g->t->name : "",
 		.rank = g->t ? g->t->rank : 0,
@@ -789,12 +780,7 @@ void rs_group_get_stats(rs_group *g, rs_group_stats *out)
 		.evicted = atomic_load(&g->st.evicted),
 		.budget = g->budget,
 	};
-	rs_group_lane_get_stats(g->t, &lane);
-	out->lane = lane.name;
-	out->lane_ended = lane.ended;
-	out->lane_sent_bytes = lane.sent_bytes;
-	out->lane_received_bytes = lane.received_bytes;
-	out->lane_declined = lane.declined;
+	rs_group_lane_get_stats(g->t, &out->lane);
 	pthread_mutex_lock(&g->lock);
 	out->resident_bytes = g->resident;
 	for (int p = 0; g->t && p < g->t->size; p++)

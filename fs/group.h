@@ -86,6 +86,14 @@ int rs_group_transport_mpi(rs_group_transport **out, rs_diag *d);
 /* Whether this build has the MPI transport. */
 bool rs_group_mpi_built(void);
 
+/* The group's NCCL lane (fs/group_lane.h), as the stats file shows it. */
+typedef struct {
+	const char *name;           /* "nccl", "" without a lane */
+	bool ended;                 /* failed or timed out: transport only */
+	uint64_t sent_bytes, received_bytes;    /* payloads that went on it */
+	uint64_t declined;          /* offers that went over the transport */
+} rs_group_lane_stats;
+
 typedef struct {
 	const char *transport;
 	int rank, size;
@@ -103,10 +111,7 @@ typedef struct {
 	uint64_t evicted;                       /* extents dropped over budget */
 	uint64_t resident_bytes, budget;
 	unsigned peers_down;
-	/* The NCCL lane (fs/group_lane.h): lane "" without one. */
-	const char *lane;
-	bool lane_ended;
-	uint64_t lane_sent_bytes, lane_received_bytes, lane_declined;
+	rs_group_lane_stats lane;
 } rs_group_stats;
 
 typedef struct rs_group rs_group;

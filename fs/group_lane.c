@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "fs/clock.h"
 #include "fs/log.h"
 
 #define LANE_MAGIC 0x72736c6eu   /* "rsln" */
@@ -28,7 +28,6 @@ typedef struct {
 	uint64_t timeout_ns;
 
 	pthread_mutex_t lock;   /* everything below, and every lane call */
-	bool ended;
 	enum slot slot;
 	int peer;               /* the other end of the slot */
 	uint32_t id, next_id;
@@ -37,14 +36,6 @@ typedef struct {
 	size_t len;
 	rs_group_lane_stats st;
 } lane_transport;
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static int send_ctl(lane_transport *w, int peer, int tag, uint32_t id,
 		    uint64_t len)
@@ -72,9 +63,9 @@ static void send_over_transport(lane_transport *w)
  * member.  Under the lock. */
 static void end_lane(lane_transport *w, const char *why)
 {
-	if (w->ended)
+	if (w->st.ended)
 		return;
-	w->ended = true;
+	w->st.ended = true;
 	if (w->slot == SENDING || w->slot == RECEIVING)
 		w->lane->abort(w->lane);
 	rs_log(RS_LOG_ERROR, "group: the %s lane with member %d %s; extents go over %s from now on",
@@ -92,7 +83,7 @@ static int lane_send(rs_group_transport *t, int peer, int tag, void *buf,
 	int err;
 
 	pthread_mutex_lock(&w->lock);
-	if (w->ended || tag != RS_GROUP_TAG_REPLY || peer == t->rank ||
+	if (w->st.ended || tag != RS_GROUP_TAG_REPLY || peer == t->rank ||
 	    len < RS_GROUP_LANE_MIN || len > w->lane->max_len ||
 	    w->slot != FREE) {
 		pthread_mutex_unlock(&w->lock);
@@ -104,7 +95,7 @@ static int lane_send(rs_group_transport *t, int peer, int tag, void *buf,
 	w->id = id;
 	w->payload = buf;
 	w->len = len;
-	w->since_ns = now_ns();
+	w->since_ns = rs_now_ns();
 	err = send_ctl(w, peer, RS_GROUP_TAG_OFFER, id, len);
 	if (err)
 		send_over_transport(w);
@@ -117,7 +108,7 @@ static int lane_send(rs_group_transport *t, int peer, int tag, void *buf,
  * *peer); else 0.  Under the lock. */
 static int advance(lane_transport *w, int *peer, void **buf, size_t *len)
 {
-	uint64_t age = now_ns() - w->since_ns;
+	uint64_t age = rs_now_ns() - w->since_ns;
 	void *got = NULL;
 	int r;
 
@@ -140,14 +131,12 @@ static int advance(lane_transport *w, int *peer, void **buf, size_t *len)
 		return 0;
 	}
 	if (w->slot == SENDING) {
-		w->st.sent++;
 		w->st.sent_bytes += w->len;
 		free(w->payload);
 		w->payload = NULL;
 		w->slot = FREE;
 		return 0;
 	}
-	w->st.received++;
 	w->st.received_bytes += w->len;
 	w->slot = FREE;
 	*peer = w->peer;
@@ -160,7 +149,7 @@ static int advance(lane_transport *w, int *peer, void **buf, size_t *len)
 static void on_ctl(lane_transport *w, int peer, int tag, const lane_msg *m)
 {
 	if (tag == RS_GROUP_TAG_OFFER) {
-		if (w->ended || w->slot != FREE || m->len > w->lane->max_len ||
+		if (w->st.ended || w->slot != FREE || m->len > w->lane->max_len ||
 		    m->len < RS_GROUP_LANE_MIN) {
 			send_ctl(w, peer, RS_GROUP_TAG_DECLINE, m->id, 0);
 			return;
@@ -174,7 +163,7 @@ static void on_ctl(lane_transport *w, int peer, int tag, const lane_msg *m)
 		}
 		w->slot = RECEIVING;
 		w->id = m->id;
-		w->since_ns = now_ns();
+		w->since_ns = rs_now_ns();
 		send_ctl(w, peer, RS_GROUP_TAG_ACCEPT, m->id, 0);
 		return;
 	}
@@ -192,7 +181,7 @@ static void on_ctl(lane_transport *w, int peer, int tag, const lane_msg *m)
 		return;
 	}
 	w->slot = SENDING;
-	w->since_ns = now_ns();
+	w->since_ns = rs_now_ns();
 }
 
 static int lane_poll(rs_group_transport *t, int *peer, int *tag, void **buf,
@@ -242,8 +231,6 @@ static void lane_finish(rs_group_transport *t, bool clean)
 	lane_transport *w = (lane_transport *)t;
 
 	pthread_mutex_lock(&w->lock);
-	if (w->slot == SENDING || w->slot == RECEIVING)
-		w->lane->abort(w->lane);
 	free(w->payload);
 	w->lane->free(w->lane);
 	pthread_mutex_unlock(&w->lock);
@@ -281,7 +268,6 @@ void rs_group_lane_get_stats(rs_group_transport *t, rs_group_lane_stats *out)
 	}
 	pthread_mutex_lock(&w->lock);
 	*out = w->st;
-	out->ended = w->ended;
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -358,17 +344,14 @@ int rs_group_lane_setup(rs_group_transport **t, rs_group_nccl_mode mode,
 	if (!use) {
 		if (!any_on)
 			goto out;
-		for (int i = 0; i < tr->size; i++)
-			if (all[i].mode == RS_GROUP_NCCL_OFF) {
-				list_members(all, tr->size, vote_off, who,
-					     sizeof(who));
-				rs_diag_add(d, "-o group_nccl=on: %s said group_nccl=off", who);
-				err = -ENODEV;
-				goto out;
-			}
-		n = list_members(all, tr->size, vote_unable, who, sizeof(who));
-		rs_diag_add(d, "-o group_nccl=on: %s %s no CUDA device in use, or no libnccl.so.2 (reshardfs --version says whether this build has the NCCL lane)",
-			    who, n == 1 ? "has" : "have");
+		if (list_members(all, tr->size, vote_off, who, sizeof(who))) {
+			rs_diag_add(d, "-o group_nccl=on: %s said group_nccl=off", who);
+		} else {
+			n = list_members(all, tr->size, vote_unable, who,
+					 sizeof(who));
+			rs_diag_add(d, "-o group_nccl=on: %s %s no CUDA device in use, or no libnccl.so.2 (reshardfs --version says whether this build has the NCCL lane)",
+				    who, n == 1 ? "has" : "have");
+		}
 		err = -ENODEV;
 		goto out;
 	}
@@ -403,10 +386,8 @@ int rs_group_lane_setup(rs_group_transport **t, rs_group_nccl_mode mode,
 	       lane->name, device);
 	goto out;
 out_lane:
-	if (lane) {
-		lane->abort(lane);
+	if (lane)
 		lane->free(lane);
-	}
 out:
 	free(made_all);
 	free(all);

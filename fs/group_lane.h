@@ -69,16 +69,9 @@ struct rs_group_lane {
 	int (*test)(rs_group_lane *l, void **buf);
 	/* Gives up what is posted; the lane takes nothing more. */
 	void (*abort)(rs_group_lane *l);
+	/* Gives up what is posted, and frees the lane. */
 	void (*free)(rs_group_lane *l);
 };
-
-typedef struct {
-	const char *name;           /* the lane's, "" without one */
-	bool ended;                 /* failed or timed out: transport only */
-	uint64_t sent, sent_bytes;          /* payloads that went on it */
-	uint64_t received, received_bytes;
-	uint64_t declined;          /* offers that went over the transport */
-} rs_group_lane_stats;
 
 /* What -o group_nccl= asks (fs/main.c gives a device under auto only
  * to executor=cuda). */

@@ -21,12 +21,12 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "fs/clock.h"
 #include "fs/group_lane.h"
 #include "fs/log.h"
 
@@ -210,14 +210,6 @@ static void nccl_free(rs_group_lane *pl)
 	free(l);
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* The device side of the lane, before NCCL: 0 or -errno. */
 static int open_device(nccl_lane *l, rs_diag *d)
 {
@@ -243,14 +235,15 @@ static int join(nccl_lane *l, ncclUniqueId id, int rank, int size,
 {
 	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
 	ncclResult_t r, async = ncclInProgress;
-	uint64_t deadline = now_ms() + (timeout_ms > 30000 ? timeout_ms : 30000);
+	uint64_t deadline = rs_now_ns() +
+			    (timeout_ms > 30000 ? timeout_ms : 30000) * 1000000ull;
 
 	cfg.blocking = 0;
 	r = l->api.ncclCommInitRankConfig(&l->comm, size, id, rank, &cfg);
 	if (r != ncclSuccess && r != ncclInProgress)
 		goto fail;
 	while (l->api.ncclCommGetAsyncError(l->comm, &async) == ncclSuccess &&
-	       async == ncclInProgress && now_ms() < deadline)
+	       async == ncclInProgress && rs_now_ns() < deadline)
 		usleep(1000);
 	r = async;
 	if (r == ncclSuccess)

@@ -368,25 +368,17 @@ static int validate_group(rs_options *o)
 	}
 	o->group_nccl = RS_GROUP_NCCL_AUTO;
 	if (o->group_nccl_s) {
-		static const char *const modes[] = {
-			[RS_GROUP_NCCL_AUTO] = "auto",
-			[RS_GROUP_NCCL_ON] = "on",
-			[RS_GROUP_NCCL_OFF] = "off",
-		};
-		int m = -1;
-
-		for (int i = 0; i < 3; i++)
-			if (strcmp(o->group_nccl_s, modes[i]) == 0)
-				m = i;
-		if (m < 0) {
+		if (strcmp(o->group_nccl_s, "on") == 0) {
+			o->group_nccl = RS_GROUP_NCCL_ON;
+		} else if (strcmp(o->group_nccl_s, "off") == 0) {
+			o->group_nccl = RS_GROUP_NCCL_OFF;
+		} else if (strcmp(o->group_nccl_s, "auto") != 0) {
 			fprintf(stderr, "reshardfs: -o group_nccl=%s: must be auto, on or off\n",
 				o->group_nccl_s);
-			bad = -1;
-		} else if (!o->group_s) {
-			bad = needs_group("group_nccl", o->group_nccl_s);
-		} else {
-			o->group_nccl = m;
+			return -1;
 		}
+		if (!o->group_s)
+			bad = needs_group("group_nccl", o->group_nccl_s);
 	}
 	return bad;
 }

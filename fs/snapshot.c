@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "fs/clock.h"
 
 /* Block-sized buffers kept for the next builds (a fresh 4 MiB buffer is a
  * fresh mapping, faulted and zeroed page by page); a part being built
@@ -603,14 +604,6 @@ int rs_snapshots_start(rs_snapshots *s, unsigned threads)
 	return err;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* --- the store --- */
 
 int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
@@ -664,7 +657,7 @@ int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
 	pthread_mutex_unlock(&s->lock);
 
 	/* Outside the lock: the cache may call reclaim, which takes it. */
-	t0 = now_ns();
+	t0 = rs_now_ns();
 	err = rs_cache_charge(s->blocks->cache, n->size);
 	if (!err) {
 		err = build(s, n, &fd);
@@ -694,7 +687,7 @@ int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
 		s->stats.bytes_peak = s->stats.bytes;
 	s->stats.builds++;
 	s->stats.bytes_built += e->size;
-	s->stats.build_ns += now_ns() - t0;
+	s->stats.build_ns += rs_now_ns() - t0;
 	pthread_cond_broadcast(&s->built);
 	pthread_mutex_unlock(&s->lock);
 	if (reused)
