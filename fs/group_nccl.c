@@ -69,16 +69,15 @@ typedef struct {
  * threads may outlive a lane. */
 static int load(nccl_api *api)
 {
-	const char *name = "libnccl.so.2";
+	const char *lib = "libnccl.so.2";
 	void *dl;
 
 #ifdef RS_GROUP_TEST_HOOKS
 	/* The test build's stand-in (tests/nccl_emu/fake_nccl.c). */
 	if (getenv("RESHARDFS_TEST_NCCL_LIB"))
-		name = getenv("RESHARDFS_TEST_NCCL_LIB");
+		lib = getenv("RESHARDFS_TEST_NCCL_LIB");
 #endif
-	dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-
+	dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
 	if (!dl)
 		return -ENOTSUP;
 #define X(name, ret, args)                                                   \
