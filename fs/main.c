@@ -391,7 +391,8 @@ int main(int argc, char *argv[])
 	}
 	if (rs_cache_new(&fs.blocks.cache, o.cache_size, o.cache_compress) != 0 ||
 	    rs_snapshots_new(&fs.snapshots, &fs.blocks, &fs.tree,
-			     o.passthrough_max) != 0 ||
+			     o.passthrough_max,
+			     (rs_snapshot_pages)o.snapshot_pages) != 0 ||
 	    rs_passthrough_new(&fs.pt, o.passthrough, &fs.tree, fs.ck.sources,
 			       fs.snapshots) != 0) {
 		fprintf(stderr, "reshardfs: out of memory\n");

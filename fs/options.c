@@ -4,6 +4,7 @@
 #include "fs/group.h"
 #include "fs/group_lane.h"
 #include "fs/option_names.h"
+#include "fs/snapshot.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -478,6 +479,18 @@ int rs_options_validate(rs_options *o)
 		} else {
 			fprintf(stderr, "reshardfs: -o passthrough=%s: must be auto or off\n",
 				o->passthrough_s);
+			bad = -1;
+		}
+	}
+	o->snapshot_pages = RS_PAGES_AUTO;
+	if (o->snapshot_pages_s) {
+		if (strcmp(o->snapshot_pages_s, "huge") == 0) {
+			o->snapshot_pages = RS_PAGES_HUGE;
+		} else if (strcmp(o->snapshot_pages_s, "small") == 0) {
+			o->snapshot_pages = RS_PAGES_SMALL;
+		} else if (strcmp(o->snapshot_pages_s, "auto") != 0) {
+			fprintf(stderr, "reshardfs: -o snapshot_pages=%s: must be auto, huge or small\n",
+				o->snapshot_pages_s);
 			bad = -1;
 		}
 	}

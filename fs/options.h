@@ -101,11 +101,16 @@
 	X(STR, "passthrough", passthrough_s, "MODE",                          \
 	  "auto (default): the kernel reads view files without\n"              \
 	  "the daemon where it can (FUSE passthrough: Linux\n"                \
-	  ">= 6.9, CAP_SYS_ADMIN), from memfd snapshots built\n"            \
-	  "at open; off: every read through the daemon")                      \
+	  ">= 6.9, CAP_SYS_ADMIN), from in-memory snapshots\n"              \
+	  "built at open; off: every read through the daemon")                \
 	X(STR, "passthrough_max", passthrough_max_s, "SIZE",                  \
-	  "largest view file built into a memfd snapshot\n"                  \
+	  "largest view file built into a snapshot\n"                        \
 	  "(default: a quarter of cache_size)")                               \
+	X(STR, "snapshot_pages", snapshot_pages_s, "P",                       \
+	  "huge: snapshots on a private tmpfs of 2 MiB pages\n"              \
+	  "where the daemon may mount one; small: memfds of\n"              \
+	  "the machine's shmem page size; auto (default): huge\n"           \
+	  "unless a virtio-balloon takes freed memory back")                  \
 	X(STR, "cache_compress", cache_compress_s, "ALG",                     \
 	  "lz4: keep colder cached blocks LZ4-compressed;\n"                  \
 	  "none (default): keep every cached block raw")                      \
@@ -145,6 +150,7 @@ typedef struct {
 	uint64_t cache_size;
 	uint64_t max_tensors, max_metadata;     /* 0: the defaults */
 	bool passthrough;       /* passthrough=auto */
+	int snapshot_pages;     /* rs_snapshot_pages (fs/snapshot.h) */
 	uint64_t passthrough_max;
 	bool cache_compress;
 	const rs_format_def *view_format;  /* NULL: the source's default */

@@ -492,7 +492,7 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     "    \"opens\": {%s},\n"
 		     "    \"open_now\": {%s},\n"
 		     "    \"fallbacks\": {%s},\n"
-		     "    \"snapshots\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu, \"parts\": %llu, \"parts_on_threads\": %llu, \"build_threads\": %llu}\n"
+		     "    \"snapshots\": {\"files\": %llu, \"bytes\": %llu, \"bytes_peak\": %llu, \"builds\": %llu, \"bytes_built\": %llu, \"build_seconds\": %.6f, \"build_errors\": %llu, \"reuses\": %llu, \"evictions\": %llu, \"parts\": %llu, \"parts_on_threads\": %llu, \"build_threads\": %llu, \"huge_pages\": %s, \"small_pages_because\": \"%s\"}\n"
 		     "  }",
 		     p->enabled ? "auto" : "off",
 		     atomic_load(&p->active) ? "true" : "false", why, opens, now,
@@ -505,7 +505,8 @@ char *rs_passthrough_stats_json(rs_passthrough *p)
 		     (unsigned long long)ss.evictions,
 		     (unsigned long long)ss.parts,
 		     (unsigned long long)ss.parts_on_threads,
-		     (unsigned long long)ss.build_threads) < 0)
+		     (unsigned long long)ss.build_threads,
+		     ss.huge_pages ? "true" : "false", ss.small_because) < 0)
 		return NULL;
 	return out;
 }

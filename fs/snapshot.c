@@ -1,15 +1,18 @@
-/* memfd snapshots of view files; see snapshot.h. */
+/* Snapshots of view files; see snapshot.h. */
 #include "fs/snapshot.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "fs/clock.h"
+#include "fs/huge_tmpfs.h"
+#include "fs/log.h"
 
 /* Block-sized buffers kept for the next builds (a fresh 4 MiB buffer is a
  * fresh mapping, faulted and zeroed page by page); a part being built
@@ -35,6 +38,10 @@ struct rs_snapshots {
 	const rs_blocks *blocks;
 	const rs_vtree *tree;
 	uint64_t max_size;
+	rs_snapshot_pages pages;
+	int huge_mnt;           /* fs/huge_tmpfs.h, or -1: memfds (lock) */
+	bool huge_tried;        /* decided at the first build (lock) */
+	char small_because[96]; /* why memfds (lock) */
 	rs_snapshot **table;    /* by node */
 	rs_snapshot *idle_head, *idle_tail;   /* head: released last */
 	uint8_t *spares[NSPARES];
@@ -114,7 +121,8 @@ static uint64_t reclaim(void *arg, uint64_t want)
 }
 
 int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
-		     const rs_vtree *tree, uint64_t max_size)
+		     const rs_vtree *tree, uint64_t max_size,
+		     rs_snapshot_pages pages)
 {
 	rs_snapshots *s = calloc(1, sizeof(*s));
 
@@ -133,6 +141,8 @@ int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
 	s->blocks = blocks;
 	s->tree = tree;
 	s->max_size = max_size;
+	s->pages = pages;
+	s->huge_mnt = -1;
 	rs_cache_set_reclaim(blocks->cache, reclaim, s);
 	*out = s;
 	return 0;
@@ -157,6 +167,8 @@ void rs_snapshots_free(rs_snapshots *s)
 	for (unsigned i = 0; i < s->nspares; i++)
 		free(s->spares[i]);
 	free(s->table);
+	if (s->huge_mnt >= 0)
+		close(s->huge_mnt);
 	pthread_cond_destroy(&s->job_done);
 	pthread_cond_destroy(&s->work);
 	pthread_mutex_destroy(&s->qlock);
@@ -181,9 +193,10 @@ void rs_snapshots_free(rs_snapshots *s)
  * part's source ranges and gathers run while another part's pwrite into
  * the memfd does; the pwrites themselves take the file's inode lock in
  * turn.  Writing the parts through a shared mapping instead measured no
- * faster with 4-16 threads and half as fast with one: populating shmem
- * pages is the limit either way, about 3 GB/s for one file on the
- * 16-core device machine; BENCHMARKS.md, "Build threads".)  A cut never
+ * faster with 4-16 threads and half as fast with one: populating small
+ * shmem pages is the limit either way, about 3 GB/s for one memfd on the
+ * 16-core device machine; BENCHMARKS.md, "Build threads".  Hence the
+ * huge-page tmpfs, fs/huge_tmpfs.h.)  A cut never
  * falls inside a tensor block, so every block is
  * still built once (amplification 1.00); of two parts writing either end
  * of one page, whichever comes first zeroes only the bytes the other
@@ -561,15 +574,98 @@ static int seal(int fd)
 		     F_SEAL_WRITE | F_SEAL_SEAL) == 0 ? 0 : -errno;
 }
 
-/* Every byte of file n into a new sealed memfd: *fd on success. */
+/* A file made on the tmpfs and reopened read-only: 0 or its error. */
+static int probe_tmpfs(int mnt)
+{
+	int fd, ro, err;
+
+	err = rs_huge_tmpfs_file(mnt, &fd);
+	if (err)
+		return err;
+	err = rs_huge_tmpfs_read_only(fd, &ro);
+	close(err ? fd : ro);
+	return err;
+}
+
+/* Why snapshots go into memfds (small pages, unless the machine's shmem
+ * THP setting says otherwise), or "" for the huge-page tmpfs: decided
+ * once, at the first build (a mount that never builds a snapshot makes no
+ * tmpfs).  Lock held. */
+static void decide_pages(rs_snapshots *s)
+{
+	char *why = s->small_because;
+	size_t size = sizeof(s->small_because);
+	int r;
+
+	if (s->pages == RS_PAGES_SMALL) {
+		snprintf(why, size, "-o snapshot_pages=small");
+		return;
+	}
+	if (s->pages == RS_PAGES_AUTO) {
+		r = rs_free_page_reporting(RS_BALLOON_DRIVER_DIR);
+		if (r > 0)
+			snprintf(why, size, "virtio-balloon free page reporting");
+		else if (r < 0)
+			snprintf(why, size, "virtio-balloon features unreadable: %s",
+				 strerror(-r));
+		if (r)
+			return;
+	}
+	r = rs_huge_tmpfs_new(&s->huge_mnt);
+	if (r) {
+		s->huge_mnt = -1;
+		snprintf(why, size, "no private tmpfs: %s", strerror(-r));
+		return;
+	}
+	/* Once, what every build needs: a file, and its read-only reopening
+	 * (through /proc), so that no build fails for want of them. */
+	r = probe_tmpfs(s->huge_mnt);
+	if (r) {
+		close(s->huge_mnt);
+		s->huge_mnt = -1;
+		snprintf(why, size, "no read-only reopening on the private tmpfs: %s",
+			 strerror(-r));
+	}
+}
+
+/* The huge-page tmpfs, or -1: memfds. */
+static int huge_mnt(rs_snapshots *s)
+{
+	bool first;
+	int mnt;
+
+	pthread_mutex_lock(&s->lock);
+	first = !s->huge_tried;
+	if (first) {
+		s->huge_tried = true;
+		decide_pages(s);
+	}
+	mnt = s->huge_mnt;
+	pthread_mutex_unlock(&s->lock);
+	if (first && mnt < 0)
+		rs_log(RS_LOG_INFO, "snapshots in memfds (%s)", s->small_because);
+	return mnt;
+}
+
+/* Every byte of file n into a new file that nothing can write once built
+ * (a sealed memfd, or a huge-page tmpfs file reopened read-only): *fd on
+ * success. */
 static int build(rs_snapshots *s, const rs_vnode *n, int *out)
 {
 	build_job j = { .s = s, .n = n };
-	int err = 0;
+	int mnt = huge_mnt(s), err = 0;
 
-	j.fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (j.fd < 0)
-		return -errno;
+	if (mnt >= 0) {
+		err = rs_huge_tmpfs_file(mnt, &j.fd);
+		if (err)
+			return err;
+	} else {
+		j.fd = memfd_create("reshardfs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (j.fd < 0)
+			return -errno;
+	}
+	/* The size first: huge=within_size takes a huge page only for a
+	 * range inside the file's size. */
 	if (ftruncate(j.fd, (off_t)n->size) != 0)
 		err = -errno;
 	if (!err)
@@ -577,7 +673,7 @@ static int build(rs_snapshots *s, const rs_vnode *n, int *out)
 	if (!err)
 		err = build_parts(s, &j);
 	if (!err)
-		err = seal(j.fd);
+		err = mnt >= 0 ? rs_huge_tmpfs_read_only(j.fd, &j.fd) : seal(j.fd);
 	free(j.cuts);
 	if (err) {
 		close(j.fd);
@@ -738,6 +834,8 @@ void rs_snapshots_get_stats(rs_snapshots *s, rs_snapshot_stats *st)
 {
 	pthread_mutex_lock(&s->lock);
 	*st = s->stats;
+	st->huge_pages = s->huge_mnt >= 0;
+	memcpy(st->small_because, s->small_because, sizeof(st->small_because));
 	pthread_mutex_unlock(&s->lock);
 	pthread_mutex_lock(&s->qlock);
 	st->parts = s->parts;

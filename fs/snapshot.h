@@ -1,4 +1,4 @@
-/* snapshot: whole view files materialised into sealed memfds.
+/* snapshot: whole view files materialised into shared memory.
  *
  * The FUSE-free half of passthrough (fs/passthrough.h hands a snapshot's
  * file to the kernel, which then serves reads and mmap from it without the
@@ -12,8 +12,11 @@
  * does, so a snapshot holds the bytes the sources held as recorded at
  * mount or the build fails (-ESTALE); nothing of a failed build is kept.
  *
- * A snapshot is a memfd, sealed once built (F_SEAL_WRITE, SHRINK, GROW,
- * SEAL): not even the daemon can change its bytes afterwards.
+ * A snapshot is an unnamed file on the store's private huge-page tmpfs
+ * (fs/huge_tmpfs.h), reopened read-only once built, where asked for and
+ * the daemon can make one (CAP_SYS_ADMIN); otherwise a memfd, sealed once built
+ * (F_SEAL_WRITE, SHRINK, GROW, SEAL).  Either way no descriptor the
+ * daemon holds can change its bytes afterwards.
  *
  * Memory: a snapshot's size is charged to the block cache's budget
  * (rs_cache_charge) before it is built, so blocks and snapshots share
@@ -59,17 +62,28 @@ typedef struct {
 	uint64_t parts;          /* parts built, of the builds that succeeded */
 	uint64_t parts_on_threads;  /* parts the build threads took */
 	uint64_t build_threads;  /* build threads running */
+	bool huge_pages;         /* built on the huge-page tmpfs (known from
+	                          * the first build on), not in memfds */
+	char small_because[96];  /* why not, once known ("" otherwise) */
 } rs_snapshot_stats;
+
+/* Where snapshots live (-o snapshot_pages=): the huge-page tmpfs where
+ * the daemon may make one (HUGE), memfds (SMALL), or HUGE unless the
+ * machine is a VM whose host takes freed memory back (AUTO;
+ * fs/huge_tmpfs.h says why). */
+typedef enum { RS_PAGES_AUTO, RS_PAGES_HUGE, RS_PAGES_SMALL } rs_snapshot_pages;
 
 /* The most build threads a store runs (-o threads= is at most
  * RS_MAX_THREADS, gpu/executor.h). */
 #define RS_SNAPSHOT_MAX_THREADS 1024
 
 /* A store for the files of `tree`, built through `blocks` (both borrowed:
- * they must outlive the store), none larger than max_size bytes.  It
- * registers itself as blocks->cache's reclaim callback. */
+ * they must outlive the store), none larger than max_size bytes, in the
+ * pages `pages` asks for (decided at the first build).  It registers
+ * itself as blocks->cache's reclaim callback. */
 int rs_snapshots_new(rs_snapshots **out, const rs_blocks *blocks,
-		     const rs_vtree *tree, uint64_t max_size);
+		     const rs_vtree *tree, uint64_t max_size,
+		     rs_snapshot_pages pages);
 /* Starts up to `threads` build threads (after fuse_daemonize: threads
  * do not survive its fork).  0, or a negative errno with the threads
  * started so far kept running. */
@@ -84,7 +98,8 @@ int rs_snapshots_get(rs_snapshots *s, uint32_t node, rs_snapshot **out,
 		     bool *reused);
 void rs_snapshots_release(rs_snapshots *s, rs_snapshot *snap);
 
-/* The snapshot's sealed memfd (owned by the store) and its size. */
+/* The snapshot's read-only or sealed descriptor (owned by the store) and
+ * its size. */
 int rs_snapshot_fd(const rs_snapshot *snap);
 uint64_t rs_snapshot_size(const rs_snapshot *snap);
 

@@ -337,9 +337,49 @@ def test_build_threads(sample, mount, threads):
         assert s["parts_on_threads"] == 0, s
 
 
+def balloon_reports_free_pages():
+    """Whether a virtio-balloon here has free page reporting (feature bit
+    5, VIRTIO_BALLOON_F_REPORTING) on: -o snapshot_pages=auto's rule."""
+    drv = "/sys/bus/virtio/drivers/virtio_balloon"
+    if not os.path.isdir(drv):
+        return False
+    for d in os.listdir(drv):
+        f = os.path.join(drv, d, "features")
+        if d.startswith("virtio") and os.path.exists(f):
+            bits = open(f).read().strip()
+            if len(bits) > 5 and bits[5] == "1":
+                return True
+    return False
+
+
+@pytest.mark.parametrize("pages", ["auto", "huge", "small"])
+def test_snapshot_pages(sample, mount, pages):
+    """-o snapshot_pages=: snapshots on the private huge-page tmpfs
+    (passthrough's CAP_SYS_ADMIN is what making one needs), in memfds, or
+    (auto, the default) the tmpfs unless a virtio-balloon reports free
+    pages; every byte right either way, and the stats file says which and
+    why."""
+    src = sample(2, **SMALL)
+    exp = ExpectedView(src, 4)
+    m = mount(src, ["tp=4"] + ([] if pages == "auto" else
+                               [f"snapshot_pages={pages}"]))
+    need_passthrough(m)
+    check_three_ways(m, exp)
+    s = pt(m)["snapshots"]
+    assert pt(m)["opens"]["snapshot"] == 3 * len(exp.files), pt(m)
+    huge = pages == "huge" or (pages == "auto" and
+                               not balloon_reports_free_pages())
+    assert s["huge_pages"] == huge, s
+    assert s["small_pages_because"] == (
+        "" if huge else "-o snapshot_pages=small" if pages == "small"
+        else "virtio-balloon free page reporting"), s
+
+
 def test_options(sample, failing_mount):
     src = sample(2, **SMALL)
     for opts, msg in [
+            (["snapshot_pages=2M"],
+             "-o snapshot_pages=2M: must be auto, huge or small"),
             (["passthrough=on"], "-o passthrough=on: must be auto or off"),
             (["passthrough_max=x"], "-o passthrough_max=x: must be a size"),
             (["cache_size=4M", "passthrough_max=8M"],

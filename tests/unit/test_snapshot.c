@@ -1,22 +1,36 @@
-/* memfd snapshots (fs/snapshot.h) without a mount: files of every segment
+/* Snapshots (fs/snapshot.h) without a mount: files of every segment
  * kind (segments across window boundaries, a window of zeros only) built
- * and compared with bytes computed here, sealed once built; reuse, single
+ * and compared with bytes computed here, unwritable once built; reuse, single
  * flight, the shared budget (-ENOSPC while open files hold it, reclaim of
  * idle snapshots), -E2BIG, a source changed before a build (-ESTALE,
  * nothing kept), a dropped snapshot, and a file built in parts by build
  * threads (right bytes, no block built twice, -ESTALE as a whole).
+ *
+ * Run plain, it takes the huge-page tmpfs wherever it holds CAP_SYS_ADMIN
+ * (as root); run as `test_snapshot memfd` it first drops CAP_SYS_ADMIN
+ * from its effective set, so the store falls back to sealed memfds, as
+ * for a daemon without the capability; `test_snapshot small` asks for
+ * memfds (-o snapshot_pages=small), and `test_snapshot auto` for what
+ * this machine gets by default.  Every run also checks how a virtio
+ * balloon's feature bits are read (fs/huge_tmpfs.h) on made-up sysfs
+ * folders.
  *
  * The source holds one f32 tensor of ROWS x COLS in C order (element g has
  * the bits g * 2654435761, so every element differs), stored as two row
  * chunks one after the other. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include "fs/huge_tmpfs.h"
 #include "fs/snapshot.h"
 #include "planner/catalog.h"
 #include "planner/plan.h"
@@ -180,16 +194,90 @@ static bool holds(const rs_snapshot *s, const uint8_t *want, uint64_t len)
 	return ok;
 }
 
-/* Sealed: nobody, the daemon included, can write, grow or shrink it. */
-static void check_sealed(const rs_snapshot *s)
+/* CAP_SYS_ADMIN in the effective set: (set) whether it is, or (drop)
+ * take it out. */
+static bool sys_admin(bool drop)
+{
+	struct __user_cap_header_struct h = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct d[2];
+	uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
+
+	if (syscall(SYS_capget, &h, d) != 0)
+		return false;
+	if (drop) {
+		d[CAP_SYS_ADMIN / 32].effective &= ~bit;
+		CHECK(syscall(SYS_capset, &h, d) == 0);
+	}
+	return d[CAP_SYS_ADMIN / 32].effective & bit;
+}
+
+/* rs_free_page_reporting on a made-up driver folder: no folder, no
+ * device, devices without and with bit 5 (free page reporting), a short
+ * string, and a features file that is not a bit string. */
+static void check_balloon_features(void)
+{
+	static const struct {
+		const char *features;   /* NULL: no device */
+		int want;
+	} cases[] = {
+		{ NULL, 0 },
+		{ "0110000000000000000000000000000010000000\n", 0 },
+		{ "0110010100000000000000000000000010000000\n", 1 },
+		{ "01100\n", 0 },
+		{ "011001x\n", -EINVAL },
+	};
+	char drv[96], path[160];
+	FILE *f;
+
+	CHECK(rs_free_page_reporting("/nonexistent/virtio_balloon") == 0);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		snprintf(drv, sizeof(drv), "%s/balloon%zu", dir, i);
+		CHECK(mkdir(drv, 0700) == 0);
+		snprintf(path, sizeof(path), "%s/uevent", drv);
+		f = fopen(path, "w");
+		CHECK(f && fputs("DRIVER=virtio_balloon\n", f) >= 0 &&
+		      fclose(f) == 0);
+		if (cases[i].features) {
+			snprintf(path, sizeof(path), "%s/virtio3", drv);
+			CHECK(mkdir(path, 0700) == 0);
+			snprintf(path, sizeof(path), "%s/virtio3/features", drv);
+			f = fopen(path, "w");
+			CHECK(f && fputs(cases[i].features, f) >= 0 &&
+			      fclose(f) == 0);
+		}
+		CHECK(rs_free_page_reporting(drv) == cases[i].want);
+		snprintf(path, sizeof(path), "%s/virtio3/features", drv);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/virtio3", drv);
+		rmdir(path);
+		snprintf(path, sizeof(path), "%s/uevent", drv);
+		unlink(path);
+		CHECK(rmdir(drv) == 0);
+	}
+}
+
+/* Nobody, the daemon included, can write, grow or shrink it: a memfd
+ * sealed, or a huge-page tmpfs file held only read-only. */
+static void check_unwritable(const rs_snapshot *s, bool huge)
 {
 	int fd = rs_snapshot_fd(s);
-	int seals = fcntl(fd, F_GET_SEALS);
+	struct statfs fs;
 
-	CHECK(seals >= 0 && (seals & F_SEAL_WRITE) && (seals & F_SEAL_SHRINK) &&
-	      (seals & F_SEAL_GROW) && (seals & F_SEAL_SEAL));
-	CHECK(pwrite(fd, "x", 1, 0) < 0 && errno == EPERM);
-	CHECK(ftruncate(fd, 1) < 0 && errno == EPERM);
+	CHECK(fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC);
+	if (huge) {
+		CHECK((fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+		CHECK(pwrite(fd, "x", 1, 0) < 0 && errno == EBADF);
+		CHECK(ftruncate(fd, 1) < 0 &&
+		      (errno == EBADF || errno == EINVAL));
+	} else {
+		int seals = fcntl(fd, F_GET_SEALS);
+
+		CHECK(seals >= 0 && (seals & F_SEAL_WRITE) &&
+		      (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW) &&
+		      (seals & F_SEAL_SEAL));
+		CHECK(pwrite(fd, "x", 1, 0) < 0 && errno == EPERM);
+		CHECK(ftruncate(fd, 1) < 0 && errno == EPERM);
+	}
 }
 
 typedef struct {
@@ -207,7 +295,7 @@ static void *get_b(void *arg)
 	return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	rs_executor_opts eo = { .kind = RS_EXECUTOR_CPU, .threads = 2 };
 	fixture f = { .b = { .root_path = dir } };
@@ -222,6 +310,17 @@ int main(void)
 	char path[80];
 	FILE *fp;
 
+	/* The store takes the huge-page tmpfs exactly when asked (auto: where
+	 * no balloon reports free pages) and it may mount. */
+	const char *mode = argc > 1 ? argv[1] : "";
+	rs_snapshot_pages pages = strcmp(mode, "small") == 0 ? RS_PAGES_SMALL
+				: strcmp(mode, "auto") == 0 ? RS_PAGES_AUTO
+				: RS_PAGES_HUGE;
+	bool huge = sys_admin(strcmp(mode, "memfd") == 0) &&
+		    pages != RS_PAGES_SMALL &&
+		    !(pages == RS_PAGES_AUTO &&
+		      rs_free_page_reporting(RS_BALLOON_DRIVER_DIR) != 0);
+
 	snprintf(dir, sizeof(dir), "/tmp/rs_snapshot_XXXXXX");
 	CHECK(content && mkdtemp(dir) != NULL);
 	if (check_failed)
@@ -231,7 +330,8 @@ int main(void)
 	CHECK(rs_executor_create(&f.b.exec, &eo, NULL) == 0);
 	CHECK(rs_cache_new(&f.b.cache, 32 * MiB, false) == 0);
 	make_tree(&f);
-	CHECK(rs_snapshots_new(&s, &f.b, &f.tree, 24 * MiB) == 0);
+	check_balloon_features();
+	CHECK(rs_snapshots_new(&s, &f.b, &f.tree, 24 * MiB, pages) == 0);
 	CHECK(rs_snapshots_start(s, 2) == 0);
 	if (check_failed)
 		return CHECK_DONE();
@@ -239,12 +339,13 @@ int main(void)
 	/* Every segment kind, built and sealed; a second get reuses it. */
 	CHECK(rs_snapshots_get(s, f.a, &a, &reused) == 0 && !reused);
 	CHECK(holds(a, f.want_a, f.size_a));
-	check_sealed(a);
+	check_unwritable(a, huge);
 	CHECK(rs_snapshots_get(s, f.a, &x, &reused) == 0 && reused && x == a);
 	rs_snapshots_release(s, x);
 	rs_snapshots_get_stats(s, &st);
 	CHECK(st.builds == 1 && st.reuses == 1 && st.files == 1 &&
-	      st.bytes == f.size_a && st.bytes_built == f.size_a);
+	      st.bytes == f.size_a && st.bytes_built == f.size_a &&
+	      st.huge_pages == huge && (st.small_because[0] == 0) == huge);
 	CHECK(rs_sources_bytes_read(f.b.sources) >= 3 * MiB);
 
 	CHECK(rs_snapshots_get(s, f.c_file, &x, NULL) == 0);
@@ -311,7 +412,7 @@ int main(void)
 		parts = st.parts;
 		CHECK(rs_snapshots_get(s, f.d, &x, NULL) == 0);
 		CHECK(holds(x, f.want_d, f.size_d));
-		check_sealed(x);
+		check_unwritable(x, huge);
 		CHECK(rs_sources_bytes_read(f.b.sources) - before ==
 		      8 * MiB + 3 * MiB + 4 * MiB);
 		rs_snapshots_get_stats(s, &st);
