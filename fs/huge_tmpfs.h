@@ -17,9 +17,9 @@
  * size or inode limits: the cache budget bounds what snapshots hold.
  *
  * The exception is a virtual machine whose host takes back the memory the
- * guest frees (virtio-balloon free page reporting): a 2 MiB page is made
- * of such reported memory, and its first use waits for the host to
- * supply it again, measured 5 times slower than filling 4 KiB pages on
+ * guest frees (virtio-balloon free page reporting): 2 MiB pages come from
+ * the large free blocks the guest reported, and their first use waits for
+ * the host to supply them again, measured 5 times slower than filling 4 KiB pages on
  * the 2-core VM.  rs_free_page_reporting tells; -o snapshot_pages=auto
  * keeps memfds there.
  *
