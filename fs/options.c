@@ -245,6 +245,40 @@ static int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
+/* The words of the options that take one of a few, in the order of the
+ * values they stand for (the first is the default where one is). */
+static const char *const executor_words[] = { "auto", "cpu", "cuda", NULL };
+static const char *const group_nccl_words[] = { "auto", "on", "off", NULL };
+static const char *const snapshot_pages_words[] = { "auto", "huge", "small",
+						    NULL };
+static const char *const passthrough_words[] = { "auto", "off", NULL };
+static const char *const cache_compress_words[] = { "lz4", "none", NULL };
+
+/* -o name=value where value is one of words: *out = its index, 0.  An
+ * absent value leaves *out.  Otherwise -1, after the line "must be A, B
+ * or C". */
+static int keyword(const char *name, const char *value,
+		   const char *const *words, int *out)
+{
+	char list[128] = "";
+	size_t at = 0;
+	int n = 0;
+
+	if (!value)
+		return 0;
+	for (; words[n]; n++)
+		if (strcmp(value, words[n]) == 0) {
+			*out = n;
+			return 0;
+		}
+	for (int i = 0; i < n && at < sizeof(list); i++)
+		at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s",
+				       i == 0 ? "" : i == n - 1 ? " or " : ", ",
+				       words[i]);
+	fprintf(stderr, "reshardfs: -o %s=%s: must be %s\n", name, value, list);
+	return -1;
+}
+
 /* "0,1,3": distinct device ordinals. */
 static int parse_gpus(const char *s, rs_executor_opts *e)
 {
@@ -275,7 +309,7 @@ static int validate_exec(rs_options *o)
 {
 	rs_executor_opts *e = &o->exec;
 	uint64_t v;
-	int bad = 0;
+	int bad = 0, kind;
 
 	if (o->dtype_s) {
 		o->layout.dtype = rs_dtype_from_option(o->dtype_s);
@@ -285,18 +319,9 @@ static int validate_exec(rs_options *o)
 			bad = -1;
 		}
 	}
-	e->kind = RS_EXECUTOR_AUTO;
-	if (o->executor_s) {
-		if (strcmp(o->executor_s, "cpu") == 0) {
-			e->kind = RS_EXECUTOR_CPU;
-		} else if (strcmp(o->executor_s, "cuda") == 0) {
-			e->kind = RS_EXECUTOR_CUDA;
-		} else if (strcmp(o->executor_s, "auto") != 0) {
-			fprintf(stderr, "reshardfs: -o executor=%s: must be auto, cpu or cuda\n",
-				o->executor_s);
-			bad = -1;
-		}
-	}
+	kind = RS_EXECUTOR_AUTO;
+	bad |= keyword("executor", o->executor_s, executor_words, &kind);
+	e->kind = (rs_executor_kind)kind;
 	if (o->threads_s) {
 		if (parse_u64(o->threads_s, &v) || v < 1 || v > RS_MAX_THREADS) {
 			fprintf(stderr, "reshardfs: -o threads=%s: must be an integer from 1 to %d\n",
@@ -368,25 +393,17 @@ static int validate_group(rs_options *o)
 		}
 	}
 	o->group_nccl = RS_GROUP_NCCL_AUTO;
-	if (o->group_nccl_s) {
-		if (strcmp(o->group_nccl_s, "on") == 0) {
-			o->group_nccl = RS_GROUP_NCCL_ON;
-		} else if (strcmp(o->group_nccl_s, "off") == 0) {
-			o->group_nccl = RS_GROUP_NCCL_OFF;
-		} else if (strcmp(o->group_nccl_s, "auto") != 0) {
-			fprintf(stderr, "reshardfs: -o group_nccl=%s: must be auto, on or off\n",
-				o->group_nccl_s);
-			return -1;
-		}
-		if (!o->group_s)
-			bad = needs_group("group_nccl", o->group_nccl_s);
-	}
+	if (keyword("group_nccl", o->group_nccl_s, group_nccl_words,
+		    &o->group_nccl))
+		return -1;
+	if (o->group_nccl_s && !o->group_s)
+		bad = needs_group("group_nccl", o->group_nccl_s);
 	return bad;
 }
 
 int rs_options_validate(rs_options *o)
 {
-	int bad = 0;
+	int bad = 0, word;
 	uint64_t v;
 
 	bad |= parse_count("tp", o->tp_s, &o->layout.tp);
@@ -472,28 +489,13 @@ int rs_options_validate(rs_options *o)
 			o->cache_size = v;
 		}
 	}
-	o->passthrough = true;
-	if (o->passthrough_s && strcmp(o->passthrough_s, "auto") != 0) {
-		if (strcmp(o->passthrough_s, "off") == 0) {
-			o->passthrough = false;
-		} else {
-			fprintf(stderr, "reshardfs: -o passthrough=%s: must be auto or off\n",
-				o->passthrough_s);
-			bad = -1;
-		}
-	}
+	word = 0;
+	bad |= keyword("passthrough", o->passthrough_s, passthrough_words,
+		       &word);
+	o->passthrough = word == 0;
 	o->snapshot_pages = RS_PAGES_AUTO;
-	if (o->snapshot_pages_s) {
-		if (strcmp(o->snapshot_pages_s, "huge") == 0) {
-			o->snapshot_pages = RS_PAGES_HUGE;
-		} else if (strcmp(o->snapshot_pages_s, "small") == 0) {
-			o->snapshot_pages = RS_PAGES_SMALL;
-		} else if (strcmp(o->snapshot_pages_s, "auto") != 0) {
-			fprintf(stderr, "reshardfs: -o snapshot_pages=%s: must be auto, huge or small\n",
-				o->snapshot_pages_s);
-			bad = -1;
-		}
-	}
+	bad |= keyword("snapshot_pages", o->snapshot_pages_s,
+		       snapshot_pages_words, &o->snapshot_pages);
 	o->passthrough_max = o->cache_size / 4;
 	if (o->passthrough_max_s) {
 		if (parse_size(o->passthrough_max_s, &v)) {
@@ -519,17 +521,10 @@ int rs_options_validate(rs_options *o)
 			bad = -1;
 		}
 	}
-	if (o->cache_compress_s) {
-		if (strcmp(o->cache_compress_s, "lz4") == 0) {
-			o->cache_compress = true;
-		} else if (strcmp(o->cache_compress_s, "none") == 0) {
-			o->cache_compress = false;
-		} else {
-			fprintf(stderr, "reshardfs: -o cache_compress=%s: must be lz4 or none\n",
-				o->cache_compress_s);
-			bad = -1;
-		}
-	}
+	word = 1;
+	bad |= keyword("cache_compress", o->cache_compress_s,
+		       cache_compress_words, &word);
+	o->cache_compress = word == 0;
 	bad |= validate_exec(o);
 	bad |= validate_group(o);
 	return bad ? -1 : 0;

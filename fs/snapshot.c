@@ -39,9 +39,9 @@ struct rs_snapshots {
 	const rs_vtree *tree;
 	uint64_t max_size;
 	rs_snapshot_pages pages;
-	int huge_mnt;           /* fs/huge_tmpfs.h, or -1: memfds (lock) */
-	bool huge_tried;        /* decided at the first build (lock) */
-	char small_because[96]; /* why memfds (lock) */
+	/* Decided at the first build (lock): the tmpfs, or -1 and why not. */
+	int huge_mnt;           /* fs/huge_tmpfs.h */
+	char small_because[96];
 	rs_snapshot **table;    /* by node */
 	rs_snapshot *idle_head, *idle_tail;   /* head: released last */
 	uint8_t *spares[NSPARES];
@@ -628,18 +628,17 @@ static void decide_pages(rs_snapshots *s)
 	}
 }
 
-/* The huge-page tmpfs, or -1: memfds. */
+/* The huge-page tmpfs, or -1: memfds.  Undecided while neither is set:
+ * decide_pages always sets one. */
 static int huge_mnt(rs_snapshots *s)
 {
 	bool first;
 	int mnt;
 
 	pthread_mutex_lock(&s->lock);
-	first = !s->huge_tried;
-	if (first) {
-		s->huge_tried = true;
+	first = s->huge_mnt < 0 && !s->small_because[0];
+	if (first)
 		decide_pages(s);
-	}
 	mnt = s->huge_mnt;
 	pthread_mutex_unlock(&s->lock);
 	if (first && mnt < 0)
